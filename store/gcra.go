@@ -1,0 +1,121 @@
+package store
+
+import (
+	"math/bits"
+	"time"
+)
+
+// The arithmetic here is the Go twin of lua/tokenbucket.lua; the two must
+// give identical answers (the conformance suite checks it). Time is in
+// microseconds. A span (u, f) is u + f/rate microseconds with 0 <= f < rate,
+// which keeps a period that rate does not divide exact.
+
+// params is a validated Limit in the units of the arithmetic.
+type params struct {
+	rate, period, burst int64 // period in microseconds
+	tq, tr              int64 // emission interval period/rate = tq + tr/rate
+}
+
+func (l Limit) params() (params, error) {
+	switch {
+	case l.Rate < 1:
+		return params{}, l.invalid("Rate must be at least 1, got %d", l.Rate)
+	case l.Burst < 1:
+		return params{}, l.invalid("Burst must be at least 1, got %d", l.Burst)
+	case l.Period < time.Microsecond:
+		return params{}, l.invalid("Period must be at least 1µs, got %s", l.Period)
+	case l.Period%time.Microsecond != 0:
+		return params{}, l.invalid("Period must be a whole number of microseconds, got %s", l.Period)
+	}
+	p := params{rate: int64(l.Rate), period: l.Period.Microseconds(), burst: int64(l.Burst)}
+	p.tq, p.tr = p.period/p.rate, p.period%p.rate
+	if p.rate > maxProduct/p.burst {
+		return params{}, l.invalid("Burst*Rate must not exceed 2^50")
+	}
+	if p.tq+1 > maxProduct/p.burst {
+		return params{}, l.invalid("the time to refill Burst tokens must not exceed 2^50µs")
+	}
+	return p, nil
+}
+
+type span struct{ u, f int64 }
+
+// times returns n emission intervals.
+func (p *params) times(n int64) span {
+	x := n * p.tr
+	return span{n*p.tq + x/p.rate, x % p.rate}
+}
+
+func (a span) le(b span) bool { return a.u < b.u || (a.u == b.u && a.f <= b.f) }
+
+func (p *params) add(a, b span) span {
+	s := span{a.u + b.u, a.f + b.f}
+	if s.f >= p.rate {
+		s.u, s.f = s.u+1, s.f-p.rate
+	}
+	return s
+}
+
+func (p *params) sub(a, b span) span {
+	s := span{a.u - b.u, a.f - b.f}
+	if s.f < 0 {
+		s.u, s.f = s.u-1, s.f+p.rate
+	}
+	return s
+}
+
+// ceil rounds a span up to whole microseconds.
+func (a span) ceil() int64 {
+	if a.f > 0 {
+		return a.u + 1
+	}
+	return a.u
+}
+
+// bucket is the stored state: the theoretical arrival time (the instant the
+// bucket is full again) and the rate its fraction is counted in.
+type bucket struct {
+	tat  span
+	rate int64
+}
+
+// decide takes cost tokens at instant now from a bucket in state b (ok false:
+// no state, a full bucket). It returns the result, and the new state when it
+// must be written.
+func (p *params) decide(b bucket, ok bool, now, cost int64) (res Result, nb bucket, write bool) {
+	var debt span // how far the bucket is from full
+	if ok {
+		tat := b.tat
+		if b.rate != p.rate && tat.f > 0 {
+			tat = span{tat.u + 1, 0} // stored under another rate: round up, never loosen
+		}
+		if n := (span{now, 0}); n.le(tat) {
+			debt = p.sub(tat, n)
+		}
+	}
+	capacity := p.times(p.burst)
+	if !debt.le(capacity) {
+		debt = capacity // state left by a larger limit: read as an empty bucket
+	}
+	next := p.add(debt, p.times(cost))
+	if cost == 0 || next.le(capacity) {
+		res.Allowed = true
+		if cost > 0 {
+			debt = next
+			nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
+		}
+	} else {
+		res.RetryAfter = time.Duration(p.sub(next, capacity).ceil()) * time.Microsecond
+	}
+	// Remaining = floor(A/T) with A = capacity - debt, T = period/rate:
+	// floor((A.u*rate + A.f) / period), in 128 bits. The quotient is at
+	// most burst, so it fits.
+	a := p.sub(capacity, debt)
+	hi, lo := bits.Mul64(uint64(a.u), uint64(p.rate))
+	var carry uint64
+	lo, carry = bits.Add64(lo, uint64(a.f), 0)
+	q, _ := bits.Div64(hi+carry, lo, uint64(p.period))
+	res.Remaining = int(min(int64(q), p.burst))
+	res.ResetAfter = time.Duration(debt.ceil()) * time.Microsecond
+	return res, nb, write
+}

@@ -1,0 +1,81 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInvalidLimit is wrapped by the error returned for a [Limit] that breaks
+// one of the rules of [Limit.Validate].
+var ErrInvalidLimit = errors.New("invalid limit")
+
+// ErrInvalidCost is wrapped by the error returned by Take for a cost below 0
+// or above the limit's Burst: such a cost can never succeed, so it is an
+// error rather than a denial that would tell the client to retry.
+var ErrInvalidCost = errors.New("invalid cost")
+
+// maxProduct bounds Burst*Rate and Burst*ceil(Period/Rate) (in microseconds)
+// so that all bucket arithmetic stays exact in the integers that both Go and
+// Redis's Lua (doubles, exact to 2^53) hold.
+const maxProduct = 1 << 50
+
+// Limit is a token-bucket policy: a bucket of capacity Burst, refilled
+// continuously with Rate tokens per Period. A Limit is a plain value passed
+// on every call, so one store serves every route and tier.
+type Limit struct {
+	Rate   int           // tokens added per Period, at least 1
+	Period time.Duration // at least 1µs, a whole number of microseconds
+	Burst  int           // bucket capacity, at least 1
+}
+
+// PerSecond returns a Limit of rate tokens per second with Burst = rate.
+func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second, Burst: rate} }
+
+// PerMinute returns a Limit of rate tokens per minute with Burst = rate.
+func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute, Burst: rate} }
+
+// PerHour returns a Limit of rate tokens per hour with Burst = rate.
+func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
+
+// Validate reports whether the stores can decide l exactly. Rate and Burst
+// must be at least 1; Period must be a positive whole number of microseconds
+// (the resolution of the stores' clocks); Burst*Rate must not exceed 2^50,
+// nor the time to refill the whole bucket 2^50 microseconds (about 35
+// years). The error wraps [ErrInvalidLimit] and names the field.
+func (l Limit) Validate() error {
+	_, err := l.params()
+	return err
+}
+
+// String returns a compact form of l, such as "100/1m0s burst 10".
+func (l Limit) String() string {
+	return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst)
+}
+
+func (l Limit) invalid(format string, args ...any) error {
+	return fmt.Errorf("store: %w %v: %s", ErrInvalidLimit, l, fmt.Sprintf(format, args...))
+}
+
+// Result is the outcome of one decision.
+type Result struct {
+	Limit      Limit
+	Allowed    bool
+	Remaining  int           // whole tokens left after this decision
+	RetryAfter time.Duration // denied: time until this cost can succeed; allowed: 0
+	ResetAfter time.Duration // time until the bucket is full again
+}
+
+// Store decides token-bucket limits. Implementations are safe for concurrent
+// use.
+//
+// Take takes cost tokens from the bucket named key under limit if all of
+// them are there, and reports the bucket's state. Being over the limit is a
+// Result with Allowed false, not an error; a denied Take consumes nothing.
+// A cost of 0 reads the bucket without consuming. Errors are reserved for an
+// invalid limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) and for a
+// store that cannot decide (network, timeout).
+type Store interface {
+	Take(ctx context.Context, key string, limit Limit, cost int) (Result, error)
+}

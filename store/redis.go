@@ -1,0 +1,120 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/lua"
+)
+
+// DefaultKeyPrefix is the prefix of every Redis key a [Redis] store writes,
+// unless [WithKeyPrefix] says otherwise.
+const DefaultKeyPrefix = "tollgate:"
+
+// Redis is a [Store] that keeps buckets in Redis, so that every server of an
+// application shares one limit. Each Take is one EVALSHA of [lua.TokenBucket]
+// (one round trip, atomic, on Redis's clock); when Redis does not have the
+// script cached, the same call is retried once as EVAL, which caches it.
+//
+// The Redis key of a bucket is the prefix followed by the caller's key; keys
+// longer than 128 bytes are replaced by their SHA-256 (keeping a Cluster
+// hash tag). Every key carries a TTL equal to the time until its bucket is
+// full again. Buckets are lost when Redis loses its data (a restart without
+// persistence): they start full again.
+//
+// Redis works with any [redis.UniversalClient]: a single node, Sentinel
+// ([redis.NewFailoverClient]), Cluster and Ring. It is safe for concurrent
+// use; its zero value is not usable, call [NewRedis].
+type Redis struct {
+	client redis.Scripter
+	prefix string
+}
+
+// RedisOption configures a [Redis] store.
+type RedisOption func(*Redis)
+
+// WithKeyPrefix sets the prefix of the store's Redis keys (default
+// [DefaultKeyPrefix]). Stores with different prefixes never share a bucket.
+func WithKeyPrefix(prefix string) RedisOption {
+	return func(r *Redis) { r.prefix = prefix }
+}
+
+// NewRedis returns a Redis store that runs its script through client.
+func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
+	r := &Redis{client: client, prefix: DefaultKeyPrefix}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
+// Take implements [Store]. A Redis error, or ctx ending first, is returned
+// wrapped; the decision is then the caller's (its failure policy).
+func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
+	p, err := limit.params()
+	if err != nil {
+		return Result{}, err
+	}
+	if cost < 0 || cost > limit.Burst {
+		return Result{}, costError(key, limit, cost)
+	}
+	rkey := r.Key(key)
+	keys := []string{rkey}
+	args := []any{p.rate, p.period, p.burst, cost}
+	reply, err := r.client.EvalSha(ctx, lua.TokenBucketSHA1, keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		reply, err = r.client.Eval(ctx, lua.TokenBucket, keys, args...).Result()
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("store: take %q: %w", key, err)
+	}
+	res, err := parseReply(reply)
+	if err != nil {
+		return Result{}, fmt.Errorf("store: take %q: %w", key, err)
+	}
+	res.Limit = limit
+	return res, nil
+}
+
+// Key returns the Redis key that holds the bucket named key.
+func (r *Redis) Key(key string) string {
+	if len(key) > maxKeyLen {
+		key = hashKey(key)
+	}
+	return r.prefix + key
+}
+
+// isNoScript reports whether err says that Redis does not have the script.
+// Redis answers "NOSCRIPT No matching script..."; proxies and managed
+// services have been seen to reword or prefix it ("ERR NOSCRIPT ...",
+// "... no matching script ..."), so the test is on the words, anywhere.
+func isNoScript(err error) bool {
+	if _, ok := err.(redis.Error); !ok {
+		return false // a network error: running EVAL would not help
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "noscript") || strings.Contains(msg, "no matching script")
+}
+
+func parseReply(reply any) (Result, error) {
+	v, ok := reply.([]any)
+	if !ok || len(v) != 4 {
+		return Result{}, fmt.Errorf("unexpected script reply %v", reply)
+	}
+	var n [4]int64
+	for i := range n {
+		if n[i], ok = v[i].(int64); !ok {
+			return Result{}, fmt.Errorf("unexpected script reply %v", reply)
+		}
+	}
+	return Result{
+		Allowed:    n[0] == 1,
+		Remaining:  int(n[1]),
+		RetryAfter: time.Duration(n[2]) * time.Microsecond,
+		ResetAfter: time.Duration(n[3]) * time.Microsecond,
+	}, nil
+}
