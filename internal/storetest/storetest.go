@@ -1,0 +1,281 @@
+// Package storetest is the conformance suite that every tollgate store
+// passes with the same expectations: the Memory store, and the Redis store
+// on miniredis, on a real redis-server and on a real Redis Cluster.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// Harness describes a store under test.
+type Harness struct {
+	// New returns a store whose buckets no other test shares.
+	New func(t *testing.T) store.Store
+	// Advance moves the store's clock forward by d. Nil means the store runs
+	// on a real clock: the suite sleeps instead, and checks durations and
+	// remaining tokens within Slack rather than to the microsecond.
+	Advance func(d time.Duration)
+	// Slack is how far a duration may be from the exact value on a real
+	// clock (ignored when Advance is set: then results are exact).
+	Slack time.Duration
+}
+
+// Step is one Take of a scripted sequence, after waiting Wait.
+type Step struct {
+	Wait      time.Duration
+	Cost      int
+	Allowed   bool
+	Remaining int
+	Retry     time.Duration
+	Reset     time.Duration
+	// ExactOnly marks a step that holds only on a controlled clock (it sits
+	// within microseconds of a boundary); on a real clock the suite waits
+	// and skips its Take.
+	ExactOnly bool
+}
+
+// Sequence is a scripted run of Takes on one fresh key.
+type Sequence struct {
+	Name  string
+	Limit store.Limit
+	Steps []Step
+}
+
+const ms = time.Millisecond
+
+// Sequences are the semantics table the suite runs on every store.
+var Sequences = []Sequence{
+	{"5/s burst 5", store.PerSecond(5), []Step{
+		{Cost: 1, Allowed: true, Remaining: 4, Reset: 200 * ms},
+		{Cost: 1, Allowed: true, Remaining: 3, Reset: 400 * ms},
+		{Cost: 1, Allowed: true, Remaining: 2, Reset: 600 * ms},
+		{Cost: 1, Allowed: true, Remaining: 1, Reset: 800 * ms},
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 1000 * ms},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 200 * ms, Reset: 1000 * ms},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 200 * ms, Reset: 1000 * ms},
+		{Wait: 100 * ms, Cost: 1, Allowed: false, Remaining: 0, Retry: 100 * ms, Reset: 900 * ms},
+		{Wait: 100 * ms, Cost: 1, Allowed: true, Remaining: 0, Reset: 1000 * ms},
+		{Wait: 500 * ms, Cost: 1, Allowed: true, Remaining: 1, Reset: 700 * ms},
+		{Wait: 2 * time.Second, Cost: 0, Allowed: true, Remaining: 5, Reset: 0},
+	}},
+	{"100/min burst 10", store.Limit{Rate: 100, Period: time.Minute, Burst: 10}, []Step{
+		{Cost: 1, Allowed: true, Remaining: 9, Reset: 600 * ms},
+		{Cost: 1, Allowed: true, Remaining: 8, Reset: 1200 * ms},
+		{Cost: 1, Allowed: true, Remaining: 7, Reset: 1800 * ms},
+		{Cost: 1, Allowed: true, Remaining: 6, Reset: 2400 * ms},
+		{Cost: 1, Allowed: true, Remaining: 5, Reset: 3000 * ms},
+		{Cost: 1, Allowed: true, Remaining: 4, Reset: 3600 * ms},
+		{Cost: 1, Allowed: true, Remaining: 3, Reset: 4200 * ms},
+		{Cost: 1, Allowed: true, Remaining: 2, Reset: 4800 * ms},
+		{Cost: 1, Allowed: true, Remaining: 1, Reset: 5400 * ms},
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 6000 * ms},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 600 * ms, Reset: 6000 * ms},
+		{Wait: 1500 * ms, Cost: 1, Allowed: true, Remaining: 1, Reset: 5100 * ms},
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 5700 * ms},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 300 * ms, Reset: 5700 * ms},
+	}},
+	{"1 per 10s burst 1", store.Limit{Rate: 1, Period: 10 * time.Second, Burst: 1}, []Step{
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 10 * time.Second},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 10 * time.Second, Reset: 10 * time.Second},
+		{Wait: 4 * time.Second, Cost: 1, Allowed: false, Remaining: 0, Retry: 6 * time.Second, Reset: 6 * time.Second},
+		{Wait: 6 * time.Second, Cost: 1, Allowed: true, Remaining: 0, Reset: 10 * time.Second},
+	}},
+	{"cost 3 at 10/s burst 10", store.PerSecond(10), []Step{
+		{Cost: 3, Allowed: true, Remaining: 7, Reset: 300 * ms},
+		{Cost: 3, Allowed: true, Remaining: 4, Reset: 600 * ms},
+		{Cost: 3, Allowed: true, Remaining: 1, Reset: 900 * ms},
+		{Cost: 3, Allowed: false, Remaining: 1, Retry: 200 * ms, Reset: 900 * ms},
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 1000 * ms},
+		{Wait: 220 * ms, Cost: 3, Allowed: false, Remaining: 2, Retry: 80 * ms, Reset: 780 * ms},
+		{Cost: 0, Allowed: true, Remaining: 2, Reset: 780 * ms},
+		{Wait: 180 * ms, Cost: 3, Allowed: true, Remaining: 1, Reset: 900 * ms},
+		{Cost: 10, Allowed: false, Remaining: 1, Retry: 900 * ms, Reset: 900 * ms},
+	}},
+	{"cost 0 on a fresh key", store.PerMinute(60), []Step{
+		{Cost: 0, Allowed: true, Remaining: 60, Reset: 0},
+		{Cost: 60, Allowed: true, Remaining: 0, Reset: time.Minute},
+		{Cost: 0, Allowed: true, Remaining: 0, Reset: time.Minute},
+	}},
+	{"3/s: a period the rate does not divide", store.PerSecond(3), []Step{
+		{Cost: 1, Allowed: true, Remaining: 2, Reset: 333334 * time.Microsecond},
+		{Cost: 1, Allowed: true, Remaining: 1, Reset: 666667 * time.Microsecond},
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: time.Second},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 333334 * time.Microsecond, Reset: time.Second},
+		{Wait: 333333 * time.Microsecond, Cost: 1, Allowed: false, Remaining: 0, Retry: time.Microsecond, Reset: 666667 * time.Microsecond, ExactOnly: true},
+		{Wait: time.Microsecond, Cost: 1, Allowed: true, Remaining: 0, Reset: time.Second, ExactOnly: true},
+		{Wait: time.Second, Cost: 3, Allowed: true, Remaining: 0, Reset: time.Second},
+	}},
+	{"1 per day", store.Limit{Rate: 1, Period: 24 * time.Hour, Burst: 1}, []Step{
+		{Cost: 1, Allowed: true, Remaining: 0, Reset: 24 * time.Hour},
+		{Wait: time.Second, Cost: 1, Allowed: false, Remaining: 0, Retry: 24*time.Hour - time.Second, Reset: 24*time.Hour - time.Second},
+	}},
+	{"1,000,000/s", store.PerSecond(1_000_000), []Step{
+		{Cost: 1_000_000, Allowed: true, Remaining: 0, Reset: time.Second},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: time.Microsecond, Reset: time.Second, ExactOnly: true},
+		{Wait: 1500 * ms, Cost: 1, Allowed: true, Remaining: 999_999, Reset: time.Microsecond},
+		{Cost: 999_999, Allowed: true, Remaining: 0, Reset: time.Second, ExactOnly: true},
+	}},
+	{"2,000,000/s: half a microsecond per token", store.Limit{Rate: 2_000_000, Period: time.Second, Burst: 4}, []Step{
+		{Cost: 4, Allowed: true, Remaining: 0, Reset: 2 * time.Microsecond, ExactOnly: true},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: time.Microsecond, Reset: 2 * time.Microsecond, ExactOnly: true},
+		{Wait: time.Microsecond, Cost: 2, Allowed: true, Remaining: 0, Reset: 2 * time.Microsecond, ExactOnly: true},
+	}},
+	{"1,000,000 per day burst 1,000,000", store.Limit{Rate: 1_000_000, Period: 24 * time.Hour, Burst: 1_000_000}, []Step{
+		{Cost: 1_000_000, Allowed: true, Remaining: 0, Reset: 24 * time.Hour},
+		{Cost: 1, Allowed: false, Remaining: 0, Retry: 86400 * time.Microsecond, Reset: 24 * time.Hour},
+		{Wait: 864 * ms, Cost: 0, Allowed: true, Remaining: 10, Reset: 24*time.Hour - 864*ms},
+	}},
+}
+
+var keySeq atomic.Int64
+
+// Key returns a key that no other call returns in this process.
+func Key(t *testing.T) string {
+	return fmt.Sprintf("conformance:%d:%s", keySeq.Add(1), t.Name())
+}
+
+// Run runs the conformance suite against h.
+func Run(t *testing.T, h Harness) {
+	t.Run("Sequences", func(t *testing.T) {
+		for _, seq := range Sequences {
+			t.Run(seq.Name, func(t *testing.T) {
+				if h.Advance == nil {
+					t.Parallel() // real clock: sleep side by side
+				}
+				runSequence(t, h, seq)
+			})
+		}
+	})
+	t.Run("KeysAreIndependent", func(t *testing.T) { keysAreIndependent(t, h) })
+	t.Run("InvalidCost", func(t *testing.T) { invalidCost(t, h) })
+	t.Run("InvalidLimit", func(t *testing.T) { invalidLimit(t, h) })
+}
+
+func runSequence(t *testing.T, h Harness, seq Sequence) {
+	s := h.New(t)
+	key := Key(t)
+	exact := h.Advance != nil
+	for i, st := range seq.Steps {
+		if !exact && st.ExactOnly {
+			time.Sleep(st.Wait)
+			continue
+		}
+		if st.Wait > 0 {
+			if exact {
+				h.Advance(st.Wait)
+			} else {
+				time.Sleep(st.Wait)
+			}
+		}
+		got, err := s.Take(context.Background(), key, seq.Limit, st.Cost)
+		if err != nil {
+			t.Fatalf("step %d: Take(cost %d): %v", i, st.Cost, err)
+		}
+		if got.Limit != seq.Limit {
+			t.Errorf("step %d: Limit = %+v, want %+v", i, got.Limit, seq.Limit)
+		}
+		if got.Allowed != st.Allowed {
+			t.Fatalf("step %d: Allowed = %v, want %v (result %+v)", i, got.Allowed, st.Allowed, got)
+		}
+		if got.Remaining != st.Remaining {
+			t.Errorf("step %d: Remaining = %d, want %d", i, got.Remaining, st.Remaining)
+		}
+		checkDuration(t, h, i, "RetryAfter", got.RetryAfter, st.Retry)
+		checkDuration(t, h, i, "ResetAfter", got.ResetAfter, st.Reset)
+		if got.Allowed && got.RetryAfter != 0 {
+			t.Errorf("step %d: allowed with RetryAfter %v, want 0", i, got.RetryAfter)
+		}
+	}
+}
+
+func checkDuration(t *testing.T, h Harness, step int, name string, got, want time.Duration) {
+	t.Helper()
+	slack := time.Duration(0)
+	if h.Advance == nil {
+		slack = h.Slack
+	}
+	// On a real clock time only passes: durations shrink, never grow.
+	if got > want || got < want-slack {
+		t.Errorf("step %d: %s = %v, want %v (slack %v)", step, name, got, want, slack)
+	}
+}
+
+func keysAreIndependent(t *testing.T, h Harness) {
+	s := h.New(t)
+	a, b := Key(t)+":a", Key(t)+":b"
+	lim := store.PerMinute(2)
+	ctx := context.Background()
+	for range 2 {
+		if r, err := s.Take(ctx, a, lim, 1); err != nil || !r.Allowed {
+			t.Fatalf("Take(a) = %+v, %v; want allowed", r, err)
+		}
+	}
+	if r, err := s.Take(ctx, a, lim, 1); err != nil || r.Allowed {
+		t.Fatalf("third Take(a) = %+v, %v; want denied", r, err)
+	}
+	if r, err := s.Take(ctx, b, lim, 1); err != nil || !r.Allowed || r.Remaining != 1 {
+		t.Fatalf("Take(b) = %+v, %v; want allowed with 1 remaining", r, err)
+	}
+	long := make([]byte, 10_000)
+	for i := range long {
+		long[i] = 'x'
+	}
+	longA, longB := string(long)+"a", string(long)+"b"
+	if r, err := s.Take(ctx, longA, store.PerMinute(1), 1); err != nil || !r.Allowed {
+		t.Fatalf("Take(long a) = %+v, %v; want allowed", r, err)
+	}
+	if r, err := s.Take(ctx, longA, store.PerMinute(1), 1); err != nil || r.Allowed {
+		t.Fatalf("second Take(long a) = %+v, %v; want denied", r, err)
+	}
+	if r, err := s.Take(ctx, longB, store.PerMinute(1), 1); err != nil || !r.Allowed {
+		t.Fatalf("Take(long b) = %+v, %v; want allowed: long keys must not share a bucket", r, err)
+	}
+}
+
+func invalidCost(t *testing.T, h Harness) {
+	s := h.New(t)
+	key := Key(t)
+	lim := store.PerSecond(5)
+	for _, cost := range []int{-1, -1 << 40, 6, 1 << 40} {
+		r, err := s.Take(context.Background(), key, lim, cost)
+		if !errors.Is(err, store.ErrInvalidCost) {
+			t.Errorf("Take(cost %d) = %+v, %v; want ErrInvalidCost", cost, r, err)
+		}
+	}
+	// Nothing was consumed by the refused calls.
+	if r, err := s.Take(context.Background(), key, lim, 5); err != nil || !r.Allowed {
+		t.Errorf("Take(cost 5) after invalid costs = %+v, %v; want allowed", r, err)
+	}
+}
+
+// InvalidLimits are limits every store refuses with ErrInvalidLimit.
+var InvalidLimits = []store.Limit{
+	{},
+	{Rate: 0, Period: time.Second, Burst: 1},
+	{Rate: -1, Period: time.Second, Burst: 1},
+	{Rate: 1, Period: 0, Burst: 1},
+	{Rate: 1, Period: -time.Second, Burst: 1},
+	{Rate: 1, Period: time.Second, Burst: 0},
+	{Rate: 1, Period: time.Second, Burst: -5},
+	{Rate: 1, Period: 999 * time.Nanosecond, Burst: 1},
+	{Rate: 1, Period: 1500 * time.Nanosecond, Burst: 1},
+	{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30},
+	{Rate: 1, Period: 1 << 62, Burst: 1 << 20},
+}
+
+func invalidLimit(t *testing.T, h Harness) {
+	s := h.New(t)
+	for _, lim := range InvalidLimits {
+		r, err := s.Take(context.Background(), Key(t), lim, 1)
+		if !errors.Is(err, store.ErrInvalidLimit) {
+			t.Errorf("Take(%+v) = %+v, %v; want ErrInvalidLimit", lim, r, err)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// twin runs the Memory store and the Redis store (on miniredis) on the same
+// controlled clock, so that their answers can be compared exactly.
+type twin struct {
+	mem     *store.Memory
+	red     *store.Redis
+	clock   *fakeClock
+	advance func(time.Duration)
+}
+
+func newTwin(t testing.TB) *twin {
+	tt, ok := t.(*testing.T)
+	if !ok {
+		panic("newTwin needs a *testing.T")
+	}
+	_, client, advance := newMiniredis(tt)
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	t.Cleanup(func() { m.Close() })
+	return &twin{mem: m, red: store.NewRedis(client), clock: clock,
+		advance: func(d time.Duration) { clock.Advance(d); advance(d) }}
+}
+
+// take decides on both stores and fails t unless they agree exactly.
+func (tw *twin) take(t testing.TB, key string, lim store.Limit, cost int) (store.Result, error) {
+	t.Helper()
+	ctx := context.Background()
+	rm, errm := tw.mem.Take(ctx, key, lim, cost)
+	rr, errr := tw.red.Take(ctx, key, lim, cost)
+	if (errm == nil) != (errr == nil) {
+		t.Fatalf("Take(%q, %+v, %d): memory error %v, redis error %v", key, lim, cost, errm, errr)
+	}
+	for _, sentinel := range []error{store.ErrInvalidLimit, store.ErrInvalidCost} {
+		if errors.Is(errm, sentinel) != errors.Is(errr, sentinel) {
+			t.Fatalf("Take(%q, %+v, %d): memory error %v, redis error %v", key, lim, cost, errm, errr)
+		}
+	}
+	if errm == nil && rm != rr {
+		t.Fatalf("Take(%q, %+v, %d): memory %+v, redis %+v", key, lim, cost, rm, rr)
+	}
+	return rm, errm
+}
+
+// checkResult holds for every successful decision.
+func checkResult(t testing.TB, lim store.Limit, cost int, r store.Result) {
+	t.Helper()
+	bucket := time.Duration(float64(lim.Period) / float64(lim.Rate) * float64(lim.Burst) * (1 + 1e-12))
+	switch {
+	case r.Remaining < 0 || r.Remaining > lim.Burst:
+		t.Fatalf("%+v cost %d: Remaining %d outside [0, Burst]", lim, cost, r.Remaining)
+	case r.Allowed && r.RetryAfter != 0:
+		t.Fatalf("%+v cost %d: allowed with RetryAfter %v", lim, cost, r.RetryAfter)
+	case !r.Allowed && r.RetryAfter <= 0:
+		t.Fatalf("%+v cost %d: denied with RetryAfter %v", lim, cost, r.RetryAfter)
+	case !r.Allowed && r.Remaining >= cost:
+		t.Fatalf("%+v cost %d: denied with %d remaining", lim, cost, r.Remaining)
+	case r.ResetAfter < 0 || r.ResetAfter > bucket+time.Microsecond:
+		t.Fatalf("%+v cost %d: ResetAfter %v outside [0, %v]", lim, cost, r.ResetAfter, bucket)
+	}
+}
+
+func TestMemoryAndRedisAgree(t *testing.T) {
+	tw := newTwin(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	limits := []store.Limit{
+		store.PerSecond(5), store.PerSecond(3), store.PerMinute(7), store.PerHour(1000),
+		{Rate: 7, Period: 3 * time.Second, Burst: 2},
+		{Rate: 2_000_000, Period: time.Second, Burst: 9},
+		{Rate: 1_000_000, Period: 24 * time.Hour, Burst: 1_000_000},
+		{Rate: 1, Period: 24 * time.Hour, Burst: 3},
+	}
+	for i := range 3000 {
+		lim := limits[rng.IntN(len(limits))]
+		key := "k" + strconv.Itoa(rng.IntN(4))
+		cost := rng.IntN(lim.Burst + 1)
+		if rng.IntN(4) == 0 {
+			cost = rng.IntN(min(lim.Burst, 3) + 1)
+		}
+		r, err := tw.take(t, key, lim, cost)
+		if err != nil {
+			t.Fatalf("op %d: %v", i, err)
+		}
+		checkResult(t, lim, cost, r)
+		switch rng.IntN(3) {
+		case 0:
+			tw.advance(time.Duration(rng.IntN(1000)) * time.Microsecond)
+		case 1:
+			tw.advance(time.Duration(rng.IntN(2000)) * time.Millisecond)
+		}
+	}
+}
+
+var fuzzKey atomic.Int64
+
+// FuzzTake feeds arbitrary limits, costs and waits to both stores: neither
+// panics, bad input is an error wrapping the right sentinel, and the two
+// stores agree to the microsecond.
+func FuzzTake(f *testing.F) {
+	f.Add(5, int64(1_000_000), 5, 1, int64(0), 3)
+	f.Add(3, int64(1_000_000), 3, 2, int64(333_333), 4)
+	f.Add(0, int64(1_000_000), 5, 1, int64(0), 1)
+	f.Add(1, int64(0), 1, 1, int64(0), 1)
+	f.Add(1, int64(-5), 1, 1, int64(0), 1)
+	f.Add(5, int64(1_000_000), 5, -1, int64(0), 1)
+	f.Add(5, int64(1_000_000), 5, 6, int64(0), 1)
+	f.Add(1<<30, int64(1_000_000), 1<<30, 1, int64(0), 1)
+	f.Add(1_000_000, int64(86_400_000_000), 1_000_000, 1_000_000, int64(1), 3)
+	f.Add(2_000_000, int64(1_000_000), 4, 3, int64(1), 5)
+	f.Fuzz(func(t *testing.T, rate int, periodUs int64, burst, cost int, waitUs int64, n int) {
+		if periodUs > 1<<53 || periodUs < -1<<53 || n > 20 {
+			t.Skip()
+		}
+		tw := newTwin(t)
+		lim := store.Limit{Rate: rate, Period: time.Duration(periodUs) * time.Microsecond, Burst: burst}
+		key := "fuzz:" + strconv.FormatInt(fuzzKey.Add(1), 10)
+		for range max(n, 1) {
+			r, err := tw.take(t, key, lim, cost)
+			switch {
+			case lim.Validate() != nil:
+				if !errors.Is(err, store.ErrInvalidLimit) {
+					t.Fatalf("invalid %+v: error %v, want ErrInvalidLimit", lim, err)
+				}
+				return
+			case cost < 0 || cost > burst:
+				if !errors.Is(err, store.ErrInvalidCost) {
+					t.Fatalf("cost %d of %+v: error %v, want ErrInvalidCost", cost, lim, err)
+				}
+				return
+			case err != nil:
+				t.Fatalf("%+v cost %d: %v", lim, cost, err)
+			}
+			checkResult(t, lim, cost, r)
+			if waitUs > 0 && waitUs < 1<<40 {
+				tw.advance(time.Duration(waitUs) * time.Microsecond)
+			}
+		}
+	})
+}

@@ -1,0 +1,143 @@
+package store_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/internal/leaktest"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+func TestMemoryNoAllocsOnKnownKey(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	ctx := context.Background()
+	lim := store.PerSecond(1_000_000)
+	m.Take(ctx, "known", lim, 1)
+	allocs := testing.AllocsPerRun(1000, func() {
+		m.Take(ctx, "known", lim, 1)
+	})
+	if allocs != 0 {
+		t.Errorf("Take on a known key: %v allocs, want 0", allocs)
+	}
+}
+
+func TestMemoryMaxKeysUnderFlood(t *testing.T) {
+	for _, n := range []int{1, 100, 10_000} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			m := store.NewMemory(store.WithMaxKeys(n), store.WithSweepInterval(0))
+			defer m.Close()
+			ctx := context.Background()
+			lim := store.PerHour(10) // buckets stay far from full for the whole test
+			var before runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			for i := range 10 * n {
+				if r, err := m.Take(ctx, "flood:"+strconv.Itoa(i), lim, 1); err != nil || !r.Allowed {
+					t.Fatalf("Take %d = %+v, %v", i, r, err)
+				}
+				if i%97 == 0 && m.Len() > n {
+					t.Fatalf("after %d distinct keys: %d live, want at most %d", i+1, m.Len(), n)
+				}
+			}
+			if got := m.Len(); got > n || got < n/2 {
+				t.Errorf("after a flood of %d keys: %d live, want at most %d (and not far below)", 10*n, got, n)
+			}
+			if m.Evicted() < int64(9*n) {
+				t.Errorf("Evicted() = %d, want at least %d", m.Evicted(), 9*n)
+			}
+			var after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			perKey := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
+			t.Logf("MaxKeys %d: %d live after %d distinct keys; heap %+d bytes (%d per allowed key)",
+				n, m.Len(), 10*n, int64(after.HeapAlloc)-int64(before.HeapAlloc), perKey)
+			if n >= 10_000 && perKey > 400 {
+				t.Errorf("heap grew %d bytes per allowed key; want a bounded store (< 400)", perKey)
+			}
+		})
+	}
+}
+
+func TestMemoryDropsFullBuckets(t *testing.T) {
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(5*time.Millisecond))
+	defer m.Close()
+	ctx := context.Background()
+	for i := range 1000 {
+		m.Take(ctx, strconv.Itoa(i), store.PerSecond(10), 1)
+	}
+	if got := m.Len(); got != 1000 {
+		t.Fatalf("Len = %d, want 1000", got)
+	}
+	clock.Advance(99 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	if got := m.Len(); got != 1000 {
+		t.Fatalf("Len before the buckets are full = %d, want 1000", got)
+	}
+	clock.Advance(time.Millisecond) // every bucket is full again
+	deadline := time.Now().Add(5 * time.Second)
+	for m.Len() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := m.Len(); got != 0 {
+		t.Errorf("Len after the buckets refilled = %d, want 0", got)
+	}
+}
+
+func TestMemoryPeekDropsFullBucket(t *testing.T) {
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	defer m.Close()
+	m.Take(context.Background(), "k", store.PerSecond(1), 1)
+	clock.Advance(time.Second)
+	if r, _ := m.Take(context.Background(), "k", store.PerSecond(1), 0); r.Remaining != 1 || m.Len() != 0 {
+		t.Errorf("peek at a refilled bucket: %+v, Len %d; want 1 remaining and the bucket dropped", r, m.Len())
+	}
+}
+
+func TestMemoryCloseStopsSweeper(t *testing.T) {
+	leaktest.Check(t)
+	m := store.NewMemory(store.WithSweepInterval(time.Millisecond))
+	time.Sleep(5 * time.Millisecond)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	// Still decides after Close.
+	if r, err := m.Take(context.Background(), "k", store.PerSecond(1), 1); err != nil || !r.Allowed {
+		t.Errorf("Take after Close = %+v, %v", r, err)
+	}
+	store.NewMemory(store.WithSweepInterval(0)).Close() // no sweeper: Close returns at once
+}
+
+func TestMemoryConcurrentExact(t *testing.T) {
+	clock := &fakeClock{now: epoch} // frozen: exactly Burst tokens exist
+	m := store.NewMemory(store.WithClock(clock.Now))
+	defer m.Close()
+	lim := store.Limit{Rate: 1, Period: time.Hour, Burst: 1000}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				if r, _ := m.Take(context.Background(), "shared", lim, 1); r.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 1000 {
+		t.Errorf("16 goroutines × 500 takes on a frozen clock: %d allowed, want exactly 1000", got)
+	}
+}

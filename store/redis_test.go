@@ -1,0 +1,197 @@
+package store_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/lua"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+func TestRedisClockDecides(t *testing.T) {
+	// The process clock does not move in this test; only Redis's does.
+	_, client, advance := newMiniredis(t)
+	s := store.NewRedis(client)
+	ctx := context.Background()
+	lim := store.PerMinute(2)
+	for i := range 2 {
+		if r, err := s.Take(ctx, "k", lim, 1); err != nil || !r.Allowed {
+			t.Fatalf("take %d = %+v, %v; want allowed", i, r, err)
+		}
+	}
+	if r, _ := s.Take(ctx, "k", lim, 1); r.Allowed {
+		t.Fatalf("third take allowed; want denied")
+	}
+	advance(30 * time.Second) // Redis's TIME moves half a minute: one token
+	r, err := s.Take(ctx, "k", lim, 1)
+	if err != nil || !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("after Redis's clock moved 30s: %+v, %v; want allowed with 0 remaining", r, err)
+	}
+}
+
+func TestRedisKeyAndTTL(t *testing.T) {
+	mr, client, advance := newMiniredis(t)
+	s := store.NewRedis(client, store.WithKeyPrefix("app:"))
+	ctx := context.Background()
+	lim := store.Limit{Rate: 1, Period: 3 * time.Second, Burst: 2}
+
+	if r, err := s.Take(ctx, "login:1.2.3.4", lim, 0); err != nil || !r.Allowed || r.Remaining != 2 {
+		t.Fatalf("peek = %+v, %v", r, err)
+	}
+	if mr.Exists("app:login:1.2.3.4") {
+		t.Fatal("cost 0 created a key; want no write")
+	}
+	if _, err := s.Take(ctx, "login:1.2.3.4", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mr.TTL("app:login:1.2.3.4"), 3*time.Second; got != want {
+		t.Errorf("TTL after one take = %v, want %v (time until full)", got, want)
+	}
+	if _, err := s.Take(ctx, "login:1.2.3.4", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mr.TTL("app:login:1.2.3.4"), 6*time.Second; got != want {
+		t.Errorf("TTL after two takes = %v, want %v", got, want)
+	}
+	before, _ := mr.Get("app:login:1.2.3.4")
+	if r, _ := s.Take(ctx, "login:1.2.3.4", lim, 1); r.Allowed {
+		t.Fatal("third take allowed; want denied")
+	}
+	if after, _ := mr.Get("app:login:1.2.3.4"); after != before {
+		t.Errorf("denial changed the state from %q to %q; want no write", before, after)
+	}
+	advance(6 * time.Second)
+	if mr.Exists("app:login:1.2.3.4") {
+		t.Error("key still exists once its bucket is full again")
+	}
+}
+
+func TestRedisKeyHashing(t *testing.T) {
+	s := store.NewRedis(nil)
+	if got := s.Key("short"); got != "tollgate:short" {
+		t.Errorf("Key(short) = %q", got)
+	}
+	long := strings.Repeat("a", 129)
+	got := s.Key(long)
+	if len(got) > len(store.DefaultKeyPrefix)+64 || !strings.HasPrefix(got, store.DefaultKeyPrefix+"#") {
+		t.Errorf("Key(129 bytes) = %q; want the prefix and a short hash", got)
+	}
+	if s.Key(long) != got || s.Key(long+"b") == got {
+		t.Error("hashing is not a function of the whole key")
+	}
+	tagged := "{user:42}" + strings.Repeat("x", 200)
+	if got := s.Key(tagged); !strings.HasPrefix(got, store.DefaultKeyPrefix+"{user:42}#") {
+		t.Errorf("Key(tagged long) = %q; want the hash tag kept", got)
+	}
+}
+
+func TestRedisScriptFlushed(t *testing.T) {
+	_, client, _ := newMiniredis(t)
+	s := store.NewRedis(client)
+	ctx := context.Background()
+	for i := range 3 {
+		client.ScriptFlush(context.Background())
+		r, err := s.Take(ctx, "k", store.PerMinute(10), 1)
+		if err != nil || !r.Allowed || r.Remaining != 9-i {
+			t.Fatalf("take %d after SCRIPT FLUSH = %+v, %v", i, r, err)
+		}
+	}
+}
+
+// rewordingProxy forwards TCP to addr and rewrites Redis's NOSCRIPT error the
+// way some proxies do, to prove the EVAL fallback does not depend on the
+// exact wording.
+func rewordingProxy(t *testing.T, addr string, from, to []byte) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(up, c); up.Close() }()
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(up)
+				for {
+					line, err := r.ReadBytes('\n')
+					if len(line) > 0 {
+						c.Write(bytes.Replace(line, from, to, 1))
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestRedisNoScriptReworded(t *testing.T) {
+	for _, tc := range []struct{ name, to string }{
+		{"prefixed", "-ERR NOSCRIPT No matching script. Please use EVAL."},
+		{"lowercase", "-ERR proxy: upstream said noscript"},
+		{"no code", "-ERR no matching script, use EVAL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mr, _, _ := newMiniredis(t)
+			addr := rewordingProxy(t, mr.Addr(), []byte("-NOSCRIPT No matching script. Please use EVAL."), []byte(tc.to))
+			client := redis.NewClient(&redis.Options{Addr: addr})
+			t.Cleanup(func() { client.Close() })
+			// Make sure the error really is reworded on its way.
+			err := client.EvalSha(context.Background(), lua.TokenBucketSHA1, []string{"x"}, 1, 1, 1, 1).Err()
+			if err == nil || strings.HasPrefix(err.Error(), "NOSCRIPT") {
+				t.Fatalf("EVALSHA through the proxy = %v; want a reworded error", err)
+			}
+			client.ScriptFlush(context.Background())
+			s := store.NewRedis(client)
+			r, err := s.Take(context.Background(), "k", store.PerMinute(10), 1)
+			if err != nil || !r.Allowed {
+				t.Fatalf("Take through the proxy = %+v, %v; want allowed", r, err)
+			}
+		})
+	}
+}
+
+func TestRedisErrorsAreWrapped(t *testing.T) {
+	// A closed port: a network error, returned (never a decision), quickly.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s := store.NewRedis(client)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := s.Take(ctx, "k", store.PerSecond(1), 1)
+	if err == nil || r.Allowed {
+		t.Fatalf("Take on a closed port = %+v, %v; want an error", r, err)
+	}
+	if !strings.HasPrefix(err.Error(), `store: take "k": `) {
+		t.Errorf("error %q lacks the package prefix and key", err)
+	}
+}
