@@ -29,10 +29,12 @@ func (l Limit) params() (params, error) {
 	}
 	p := params{rate: int64(l.Rate), period: l.Period.Microseconds(), burst: int64(l.Burst)}
 	p.tq, p.tr = p.period/p.rate, p.period%p.rate
-	if p.rate > maxProduct/p.burst {
+	// Multiplications, not divisions, on the hot path: both factors are
+	// positive, so a product fits in 64 bits when its high word is 0.
+	if hi, lo := bits.Mul64(uint64(p.rate), uint64(p.burst)); hi != 0 || lo > maxProduct {
 		return params{}, l.invalid("Burst*Rate must not exceed 2^50")
 	}
-	if p.tq+1 > maxProduct/p.burst {
+	if hi, lo := bits.Mul64(uint64(p.tq+1), uint64(p.burst)); hi != 0 || lo > maxProduct {
 		return params{}, l.invalid("the time to refill Burst tokens must not exceed 2^50µs")
 	}
 	return p, nil
@@ -42,6 +44,9 @@ type span struct{ u, f int64 }
 
 // times returns n emission intervals.
 func (p *params) times(n int64) span {
+	if p.tr == 0 { // the rate divides the period: no fractions at all
+		return span{n * p.tq, 0}
+	}
 	x := n * p.tr
 	return span{n*p.tq + x/p.rate, x % p.rate}
 }
@@ -80,9 +85,9 @@ type bucket struct {
 }
 
 // decide takes cost tokens at instant now from a bucket in state b (ok false:
-// no state, a full bucket). It returns the result, and the new state when it
-// must be written.
-func (p *params) decide(b bucket, ok bool, now, cost int64) (res Result, nb bucket, write bool) {
+// no state, a full bucket). It fills in res (all but Limit) and returns the
+// new state when it must be written.
+func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb bucket, write bool) {
 	var debt span // how far the bucket is from full
 	if ok {
 		tat := b.tat
@@ -111,11 +116,16 @@ func (p *params) decide(b bucket, ok bool, now, cost int64) (res Result, nb buck
 	// floor((A.u*rate + A.f) / period), in 128 bits. The quotient is at
 	// most burst, so it fits.
 	a := p.sub(capacity, debt)
-	hi, lo := bits.Mul64(uint64(a.u), uint64(p.rate))
-	var carry uint64
-	lo, carry = bits.Add64(lo, uint64(a.f), 0)
-	q, _ := bits.Div64(hi+carry, lo, uint64(p.period))
+	var q uint64
+	if p.tr == 0 {
+		q = uint64(a.u / p.tq) // a.f is 0; tq >= 1 since period >= rate
+	} else {
+		hi, lo := bits.Mul64(uint64(a.u), uint64(p.rate))
+		var carry uint64
+		lo, carry = bits.Add64(lo, uint64(a.f), 0)
+		q, _ = bits.Div64(hi+carry, lo, uint64(p.period))
+	}
 	res.Remaining = int(min(int64(q), p.burst))
 	res.ResetAfter = time.Duration(debt.ceil()) * time.Microsecond
-	return res, nb, write
+	return nb, write
 }

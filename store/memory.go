@@ -49,9 +49,12 @@ type Memory struct {
 }
 
 type memShard struct {
-	mu sync.Mutex
-	m  map[string]bucket
-	_  [40]byte // keep shards on separate cache lines
+	mu     sync.Mutex
+	m      map[string]*bucket // pointers: an update is one map lookup, not two
+	cached bool               // limit and params hold the last valid Limit seen
+	limit  Limit
+	params params
+	_      [64]byte // keep shards on separate cache lines
 }
 
 // MemoryOption configures a [Memory] store.
@@ -110,7 +113,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	}
 	m.startUs = m.start.UnixMicro()
 	for i := range m.shards {
-		m.shards[i].m = make(map[string]bucket)
+		m.shards[i].m = make(map[string]*bucket)
 	}
 	if cfg.sweep > 0 {
 		go m.sweepLoop(cfg.sweep)
@@ -124,38 +127,48 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // still decides when the caller's deadline has passed (as in degraded mode
 // after a Redis timeout).
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Result, error) {
-	p, err := limit.params()
-	if err != nil {
-		return Result{}, err
-	}
-	if cost < 0 || cost > limit.Burst {
-		return Result{}, costError(key, limit, cost)
-	}
-	return m.take(key, &p, limit, int64(cost), m.nowUs()), nil
-}
-
-func (m *Memory) take(key string, p *params, limit Limit, cost, now int64) Result {
 	if len(key) > maxKeyLen {
 		key = hashKey(key)
 	}
+	now := m.nowUs() // read outside the lock: the clock is the slowest step
 	sh := &m.shards[shardOf(key)&m.mask]
 	sh.mu.Lock()
+	// Each shard remembers the last Limit it validated, which saves the
+	// divisions of Limit.params on nearly every call.
+	if !sh.cached || limit != sh.limit {
+		p, err := limit.params()
+		if err != nil {
+			sh.mu.Unlock()
+			return Result{}, err
+		}
+		sh.limit, sh.params, sh.cached = limit, p, true
+	}
+	if cost < 0 || cost > limit.Burst {
+		sh.mu.Unlock()
+		return Result{}, costError(key, limit, cost)
+	}
+	res := Result{Limit: limit}
 	b, ok := sh.m[key]
-	res, nb, write := p.decide(b, ok, now, cost)
+	var cur bucket
+	if ok {
+		cur = *b
+	}
+	nb, write := sh.params.decide(&res, cur, ok, now, int64(cost))
 	switch {
 	case write && ok:
-		sh.m[key] = nb
+		*b = nb
 	case write:
 		if len(sh.m) >= m.shardCap {
 			m.evict(sh, now)
 		}
-		sh.m[strings.Clone(key)] = nb // do not pin the caller's backing array
+		fresh := new(bucket) // allocated here only, so that nb stays on the stack
+		*fresh = nb
+		sh.m[strings.Clone(key)] = fresh // a clone: do not pin the caller's backing array
 	case ok && res.ResetAfter == 0:
 		delete(sh.m, key) // full again: a missing key is a full bucket
 	}
 	sh.mu.Unlock()
-	res.Limit = limit
-	return res
+	return res, nil
 }
 
 // evict makes room in a full shard: it samples a few buckets, drops those
