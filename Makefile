@@ -1,0 +1,39 @@
+# tollgate's one test command is `make test`: it is what CI runs (.ci/run).
+
+GO          ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHSTAT   := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+PKGS        := ./...
+BENCHCOUNT  ?= 6
+BENCHTIME   ?= 1s
+
+.PHONY: test fmt vet lint race bench benchstat fuzz
+
+## test: everything CI runs — formatting, vet, staticcheck, and the race-enabled
+## tests, which start real redis-server processes (a single node and a Cluster).
+test: fmt vet lint race
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+lint:
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+race:
+	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+## bench: the benchmarks, BENCHCOUNT runs each, into bench.out (benchstat-ready).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) -benchtime $(BENCHTIME) $(PKGS) | tee bench.out
+
+benchstat: bench
+	$(GO) run $(BENCHSTAT) bench.out
+
+## fuzz: a short run of each fuzz target (FUZZTIME each).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzTake$$' -fuzztime $(FUZZTIME) ./store
