@@ -1,0 +1,231 @@
+package tollgate_test
+
+// Integration tests against real redis-server processes that the tests start
+// themselves (internal/redistest): a single node and a 3-master Cluster.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/internal/leaktest"
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// accuracy runs 4 stores (as 4 app servers, each with its own client) on one
+// key, 64 goroutines for d at 100/s burst 50, and returns allowed / ideal.
+func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration) float64 {
+	t.Helper()
+	lim := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
+	key := fmt.Sprintf("accuracy:%d", time.Now().UnixNano())
+	var allowed, denied, failed atomic.Int64
+	ctx := context.Background()
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for g := range 64 {
+		s := store.NewRedis(clients[g%len(clients)])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				r, err := s.Take(ctx, key, lim, 1)
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case r.Allowed:
+					allowed.Add(1)
+				default:
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	ideal := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+	ratio := float64(allowed.Load()) / ideal
+	t.Logf("4 servers × 16 goroutines for %v: %d allowed, %d denied, %d errors; ideal %.1f; allowed/ideal = %.4f",
+		elapsed.Round(time.Millisecond), allowed.Load(), denied.Load(), failed.Load(), ideal, ratio)
+	if failed.Load() > 0 {
+		t.Errorf("%d Takes failed", failed.Load())
+	}
+	// The ideal is computed over the wall time the test saw, which exceeds
+	// Redis's span of decisions by a little: allow one token above.
+	if ratio < 0.97 || float64(allowed.Load()) > ideal+1 {
+		t.Errorf("allowed/ideal = %.4f (%d of %.1f); want within [0.97, 1.00] plus one token", ratio, allowed.Load(), ideal)
+	}
+	return ratio
+}
+
+func TestAccuracyAcrossServers(t *testing.T) {
+	srv := redistest.Server(t)
+	var clients []redis.UniversalClient
+	for range 4 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+	}
+	accuracy(t, clients, 5*time.Second)
+}
+
+func TestAccuracyAcrossServersCluster(t *testing.T) {
+	cl := redistest.Cluster(t)
+	var clients []redis.UniversalClient
+	for range 4 {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, PoolSize: 16})
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+	}
+	accuracy(t, clients, 5*time.Second)
+}
+
+// commandstats returns the calls per command from INFO commandstats.
+func commandstats(t *testing.T, c *redis.Client) map[string]int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int{}
+	for _, line := range strings.Split(info, "\r\n") {
+		// cmdstat_evalsha:calls=100,usec=...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+		calls[name] = n
+	}
+	return calls
+}
+
+func TestOneRoundTripPerTake(t *testing.T) {
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a server of its own: INFO commandstats counts every client")
+	}
+	admin := srv.Client(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4})
+	t.Cleanup(func() { client.Close() })
+	s := store.NewRedis(client)
+	ctx := context.Background()
+	if _, err := s.Take(ctx, "warm", store.PerSecond(10), 1); err != nil { // loads the script, opens a connection
+		t.Fatal(err)
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	for i := range n {
+		if _, err := s.Take(ctx, "k"+strconv.Itoa(i%10), store.PerSecond(10), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := commandstats(t, admin)
+	t.Logf("INFO commandstats after %d Takes: %v", n, calls)
+	if calls["evalsha"] != n {
+		t.Errorf("evalsha calls = %d, want %d (one per Take)", calls["evalsha"], n)
+	}
+	for cmd, c := range calls {
+		switch cmd {
+		case "evalsha", "config|resetstat", "info", "config":
+		case "get", "set", "time": // run inside the script: Redis counts them too
+		default:
+			t.Errorf("unexpected command %s (%d calls)", cmd, c)
+		}
+	}
+}
+
+func TestNoImmortalKeys(t *testing.T) {
+	srv := redistest.Server(t)
+	admin := srv.Client(t)
+	prefix := fmt.Sprintf("ttl%d:", time.Now().UnixNano())
+	s := store.NewRedis(admin, store.WithKeyPrefix(prefix))
+	ctx := context.Background()
+	const n = 10_000
+	lim := store.Limit{Rate: 1, Period: time.Second, Burst: 2}
+	pipe := make(chan int)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range pipe {
+				if _, err := s.Take(ctx, strconv.Itoa(i), lim, 1+i%2); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		pipe <- i
+	}
+	close(pipe)
+	wg.Wait()
+
+	keys, err := admin.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != n {
+		t.Fatalf("%d keys after Takes on %d distinct keys, want %d", len(keys), n, n)
+	}
+	pipeline := admin.Pipeline()
+	ttls := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		ttls[i] = pipeline.PTTL(ctx, k)
+	}
+	if _, err := pipeline.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var maxTTL time.Duration
+	for i, c := range ttls {
+		ttl := c.Val()
+		if ttl <= 0 || ttl > 2*time.Second {
+			t.Fatalf("key %s has PTTL %v; want in (0, 2s]", keys[i], ttl)
+		}
+		maxTTL = max(maxTTL, ttl)
+	}
+	t.Logf("%d keys, every one with a TTL; longest %v", len(keys), maxTTL)
+	// Every bucket is full again 2s after its last Take: all keys are gone.
+	deadline := time.Now().Add(maxTTL + 3*time.Second)
+	for {
+		left, err := admin.Keys(ctx, prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys still exist after their buckets are full again", len(left))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestScriptReloadedAfterFlush(t *testing.T) {
+	leaktest.Check(t)
+	srv := redistest.Server(t)
+	client := srv.Client(t)
+	s := store.NewRedis(client)
+	ctx := context.Background()
+	for i := range 3 {
+		if err := client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Take(ctx, "flush:"+t.Name(), store.PerMinute(10), 1)
+		if err != nil || !r.Allowed || r.Remaining != 9-i {
+			t.Fatalf("Take %d after SCRIPT FLUSH = %+v, %v", i, r, err)
+		}
+	}
+}

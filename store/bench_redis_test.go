@@ -1,0 +1,47 @@
+package store_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// BenchmarkRedisTake decides on a real redis-server started for the
+// benchmark, from 1 goroutine and from 64.
+func BenchmarkRedisTake(b *testing.B) {
+	srv := redistest.Server(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+	b.Cleanup(func() { client.Close() })
+	s := store.NewRedis(client)
+	ctx := context.Background()
+	if _, err := s.Take(ctx, "warm", benchLimit, 1); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("goroutines=1", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := range b.N {
+			if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("goroutines=64", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
+					b.Error(err)
+					return
+				}
+				i += 7
+			}
+		})
+	})
+}
