@@ -1,8 +1,12 @@
 package store_test
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
 	"github.com/tollgate-go/tollgate/internal/storetest"
@@ -25,4 +29,32 @@ func TestConformanceRedisCluster(t *testing.T) {
 		New:   func(t *testing.T) store.Store { return store.NewRedis(client) },
 		Slack: 50 * time.Millisecond,
 	})
+}
+
+func TestConformanceRedisRing(t *testing.T) {
+	t.Parallel()
+	a, b := redistest.Server(t), redistest.Server(t)
+	if a.External {
+		t.Skip("a Ring needs two servers of its own")
+	}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+	t.Cleanup(func() { ring.Close() })
+	storetest.Run(t, storetest.Harness{
+		New:   func(t *testing.T) store.Store { return store.NewRedis(ring) },
+		Slack: 50 * time.Millisecond,
+	})
+	// Both shards hold buckets: the Ring really spread the keys.
+	ctx := context.Background()
+	s := store.NewRedis(ring, store.WithKeyPrefix("ring:"))
+	for i := range 100 {
+		if _, err := s.Take(ctx, strconv.Itoa(i), store.PerMinute(1), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, srv := range []*redistest.Instance{a, b} {
+		n, err := srv.Client(t).DBSize(ctx).Result()
+		if err != nil || n == 0 {
+			t.Errorf("shard %s holds %d keys (%v); want some", srv.Addr, n, err)
+		}
+	}
 }
