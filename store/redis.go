@@ -32,6 +32,9 @@ const DefaultKeyPrefix = "tollgate:"
 type Redis struct {
 	client redis.Scripter
 	prefix string
+	// ctxDeadlines is true when the client's socket I/O ends at the
+	// context's deadline (ContextTimeoutEnabled); otherwise Take enforces it.
+	ctxDeadlines bool
 }
 
 // RedisOption configures a [Redis] store.
@@ -45,7 +48,7 @@ func WithKeyPrefix(prefix string) RedisOption {
 
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
-	r := &Redis{client: client, prefix: DefaultKeyPrefix}
+	r := &Redis{client: client, prefix: DefaultKeyPrefix, ctxDeadlines: honorsDeadlines(client)}
 	for _, o := range opts {
 		o(r)
 	}
@@ -54,6 +57,12 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 
 // Take implements [Store]. A Redis error, or ctx ending first, is returned
 // wrapped; the decision is then the caller's (its failure policy).
+//
+// Take returns by ctx's deadline even when the client was built without
+// ContextTimeoutEnabled (go-redis then bounds socket reads by ReadTimeout
+// only): it waits for the call in another goroutine, which costs about a
+// microsecond and finishes on its own by the client's timeouts. Set
+// ContextTimeoutEnabled: true on the client to avoid that.
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
 	p, err := limit.params()
 	if err != nil {
@@ -62,6 +71,33 @@ func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Re
 	if cost < 0 || cost > limit.Burst {
 		return Result{}, costError(key, limit, cost)
 	}
+	if _, ok := ctx.Deadline(); ok && !r.ctxDeadlines {
+		return r.takeBounded(ctx, key, p, limit, cost)
+	}
+	return r.take(ctx, key, &p, limit, cost)
+}
+
+type takeResult struct {
+	res Result
+	err error
+}
+
+// takeBounded runs take and returns when it does or when ctx ends.
+func (r *Redis) takeBounded(ctx context.Context, key string, p params, limit Limit, cost int) (Result, error) {
+	done := make(chan takeResult, 1) // buffered: the call may finish after we stop waiting
+	go func() {
+		res, err := r.take(ctx, key, &p, limit, cost)
+		done <- takeResult{res, err}
+	}()
+	select {
+	case tr := <-done:
+		return tr.res, tr.err
+	case <-ctx.Done():
+		return Result{}, fmt.Errorf("store: take %q: %w", key, ctx.Err())
+	}
+}
+
+func (r *Redis) take(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
 	rkey := r.Key(key)
 	keys := []string{rkey}
 	args := []any{p.rate, p.period, p.burst, cost}
@@ -86,6 +122,20 @@ func (r *Redis) Key(key string) string {
 		key = hashKey(key)
 	}
 	return r.prefix + key
+}
+
+// honorsDeadlines reports whether client ends socket I/O at a context's
+// deadline.
+func honorsDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client: // also what NewFailoverClient returns
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // isNoScript reports whether err says that Redis does not have the script.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -193,5 +194,61 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	}
 	if !strings.HasPrefix(err.Error(), `store: take "k": `) {
 		t.Errorf("error %q lacks the package prefix and key", err)
+	}
+}
+
+// hangingListener accepts connections and never answers, like a Redis that
+// is stopped.
+func hangingListener(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestRedisTakeReturnsByDeadline(t *testing.T) {
+	addr := hangingListener(t)
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 5 * time.Second,
+				MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
+			t.Cleanup(func() { client.Close() })
+			s := store.NewRedis(client)
+			for range 3 {
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				start := time.Now()
+				_, err := s.Take(ctx, "k", store.PerSecond(1), 1)
+				elapsed := time.Since(start)
+				cancel()
+				if err == nil {
+					t.Fatal("Take on a hung server succeeded")
+				}
+				if elapsed > 70*time.Millisecond {
+					t.Errorf("Take with a 50ms deadline returned after %v (%v)", elapsed, err)
+				}
+			}
+		})
 	}
 }
