@@ -58,3 +58,12 @@ func TestConformanceRedisRing(t *testing.T) {
 		}
 	}
 }
+
+func TestConformanceRedisSentinel(t *testing.T) {
+	t.Parallel()
+	client := redistest.Sentinel(t).Client(t) // redis.NewFailoverClient
+	storetest.Run(t, storetest.Harness{
+		New:   func(t *testing.T) store.Store { return store.NewRedis(client) },
+		Slack: 50 * time.Millisecond,
+	})
+}

@@ -13,6 +13,12 @@
 // in sync with its master, and a go-redis ClusterClient can reach every shard
 // and write to every slot range.
 //
+// Sentinel starts a master, one replica and three Redis Sentinel processes
+// (redis-server --sentinel) that monitor the master. It returns only once the
+// replica is in sync and every sentinel knows the master, the replica and the
+// other sentinels, so that killing the master leads to a failover within a few
+// seconds. A go-redis failover client follows the master through it.
+//
 // Every process is stopped in t.Cleanup, whatever state it is in: a paused
 // process is continued and then sent SIGTERM, and one that does not exit
 // within about two seconds is sent SIGKILL. Each process runs in its own
@@ -34,11 +40,15 @@
 // If REDIS_ADDR is set (host:port), Server starts nothing and returns an
 // external Instance for that address. If REDIS_CLUSTER_ADDRS is set (a
 // comma-separated list of host:port), Cluster starts nothing and returns an
-// external ClusterInstance for those nodes. External servers are not flushed
-// and may be shared with other tests and other packages, so tests that may
-// run against them must use unique key prefixes. Methods that send signals
-// (Pause, Resume, Kill, Restart) call t.Skip on external instances, because a
-// process that the test did not start cannot be signalled.
+// external ClusterInstance for those nodes. If REDIS_SENTINEL_ADDRS is set (a
+// comma-separated list of host:port of sentinels), Sentinel starts nothing and
+// returns an external SentinelInstance for the master named by
+// REDIS_SENTINEL_MASTER (by default the name given with MasterName, or
+// "mymaster"). External servers are not flushed and may be shared with other
+// tests and other packages, so tests that may run against them must use
+// unique key prefixes. Methods that send signals (Pause, Resume, Kill,
+// Restart) call t.Skip on external instances, because a process that the
+// test did not start cannot be signalled.
 //
 // When redis-server (or, for Cluster, redis-cli) is not on PATH and no
 // external address is given, the test is skipped with a message starting with

@@ -51,8 +51,10 @@ func Args(args ...string) Option {
 	return func(c *serverConfig) { c.args = append(c.args, args...) }
 }
 
-// Instance is one redis-server, either started by Server or Cluster, or
-// external (given by REDIS_ADDR or REDIS_CLUSTER_ADDRS).
+// Instance is one redis-server, either started by Server, Cluster or
+// Sentinel, or external (given by REDIS_ADDR, REDIS_CLUSTER_ADDRS or
+// REDIS_SENTINEL_ADDRS). The sentinels of a Sentinel setup are Instances too:
+// redis-server processes in sentinel mode.
 //
 // Its methods report failures to the testing.TB it was created with, so call
 // them from that test's goroutine. They are safe to call concurrently with
@@ -343,8 +345,8 @@ func (i *Instance) skipIfExternal(method string) {
 	i.t.Helper()
 	if i.External {
 		i.t.Skipf("redistest: %s needs a redis-server started by the test, but %s is external "+
-			"(%s or %s is set) and a process we did not start cannot be signalled",
-			method, i.Addr, envAddr, envClusterAddrs)
+			"(%s, %s or %s is set) and a process we did not start cannot be signalled",
+			method, i.Addr, envAddr, envClusterAddrs, envSentinelAddrs)
 	}
 }
 
@@ -433,8 +435,14 @@ func (i *Instance) Kill() {
 // and directory, and returns once it answers. It is meant for use after Kill;
 // a server that is still running is stopped first (SIGTERM, then SIGKILL). A
 // plain server comes back empty; a cluster node comes back with its node
-// configuration and rejoins its cluster. Restart skips the test if the server
-// is external, and fails it if the port cannot be bound again.
+// configuration and rejoins its cluster. A sentinel comes back with the
+// configuration it rewrote (its ID, the current master, the known replicas
+// and sentinels), so it resumes monitoring where it stopped. The master or
+// replica of a Sentinel setup comes back with its original arguments: a
+// master restarted after a failover starts as a master, and the sentinels
+// turn it into a replica of the new master about ten seconds later. Restart
+// skips the test if the server is external, and fails it if the port cannot
+// be bound again.
 func (i *Instance) Restart() {
 	i.t.Helper()
 	i.skipIfExternal("Restart")

@@ -337,6 +337,7 @@ func TestRequire(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv(envAddr, "")
 	t.Setenv(envClusterAddrs, "")
+	t.Setenv(envSentinelAddrs, "")
 	var out bytes.Buffer
 	oldOut := warnOut
 	warnOut = &out
@@ -357,12 +358,25 @@ func TestRequire(t *testing.T) {
 		t.Errorf("Cluster without binaries: skip %q, fatal %q", tb.skip, tb.fatal)
 	}
 
+	tb = &fakeTB{TB: t}
+	runTB(func() { Sentinel(tb) })
+	if !strings.HasPrefix(tb.skip, "REDIS NOT INSTALLED") || !strings.Contains(tb.skip, envSentinelAddrs) || tb.fatal != "" {
+		t.Errorf("Sentinel without redis-server: skip %q, fatal %q", tb.skip, tb.fatal)
+	}
+
 	t.Setenv("CI", "true")
 	tb = &fakeTB{TB: t}
 	runTB(func() { Server(tb) })
 	if !strings.Contains(tb.fatal, "REDIS NOT INSTALLED") ||
 		!strings.Contains(tb.fatal, "CI must have redis-server installed") || tb.skip != "" {
 		t.Errorf("Server without redis-server, CI=true: skip %q, fatal %q", tb.skip, tb.fatal)
+	}
+
+	tb = &fakeTB{TB: t}
+	runTB(func() { Sentinel(tb) })
+	if !strings.Contains(tb.fatal, "REDIS NOT INSTALLED") ||
+		!strings.Contains(tb.fatal, "CI must have redis-server installed") || tb.skip != "" {
+		t.Errorf("Sentinel without redis-server, CI=true: skip %q, fatal %q", tb.skip, tb.fatal)
 	}
 
 	if n := strings.Count(out.String(), "REDIS NOT INSTALLED"); n != 1 {
