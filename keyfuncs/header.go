@@ -1,0 +1,85 @@
+package keyfuncs
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+)
+
+// Header keys a request by a header that identifies the client, such as an
+// API key: "key:" and the first 22 characters of the unpadded base64url
+// SHA-256 of the value (26 bytes in all), so the secret itself never reaches
+// the store. Values are compared exactly, with no trimming or case folding.
+//
+// The name is canonicalised ("x-api-key" reads X-Api-Key). When the header
+// has several field lines, the first one is used; values are not split at
+// commas. A missing header, or an empty first value, is an error wrapping
+// [ErrNoKey], never a shared bucket. A name that is not a valid header field
+// name gives a KeyFunc that fails every request with an error wrapping
+// [ErrInvalidConfig].
+func Header(name string) KeyFunc {
+	if !validHeaderName(name) {
+		return failing(invalid("Header name %q is not a valid header field name", name))
+	}
+	canon := http.CanonicalHeaderKey(name)
+	// Built once: a flood of requests without the header costs no allocation.
+	errMissing := fmt.Errorf("keyfuncs: %w: header %s is missing or empty", ErrNoKey, canon)
+	return func(r *http.Request) (string, error) {
+		v := r.Header[canon]
+		if len(v) == 0 || v[0] == "" {
+			return "", errMissing
+		}
+		var buf [4 + hashLen]byte
+		return string(appendHash(append(buf[:0], "key:"...), v[0])), nil
+	}
+}
+
+// validHeaderName reports whether s is an RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c < 0x80 && c > ' ' && c != 0x7f && !isSeparator(c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isSeparator(c byte) bool {
+	switch c {
+	case '"', '(', ')', ',', '/', ':', ';', '<', '=', '>', '?', '@', '[', '\\', ']', '{', '}':
+		return true
+	}
+	return false
+}
+
+// User keys a request by the authenticated user id that fn reads from the
+// request's context, where the app's authentication middleware put it:
+// "user:<id>". An id longer than 64 bytes, with a byte outside printable
+// ASCII (space to '~'), or starting with '#' is hashed instead:
+// "user:#<hash>", the first 22 characters of the unpadded base64url SHA-256
+// of the id. Keys are at most 69 bytes.
+//
+// fn returning "" (no authenticated user) is an error wrapping [ErrNoKey].
+// A nil fn gives a KeyFunc that fails every request with an error wrapping
+// [ErrInvalidConfig].
+func User(fn func(ctx context.Context) string) KeyFunc {
+	if fn == nil {
+		return failing(invalid("User function is nil"))
+	}
+	return func(r *http.Request) (string, error) {
+		id := fn(r.Context())
+		if id == "" {
+			return "", errNoUser
+		}
+		return subjectKey("user:", id), nil
+	}
+}
+
+var errNoUser = fmt.Errorf("keyfuncs: %w: no authenticated user in the request context", ErrNoKey)
