@@ -37,3 +37,5 @@ benchstat: bench
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTake$$' -fuzztime $(FUZZTIME) ./store
+	$(GO) test -run '^$$' -fuzz '^FuzzPeerIP$$' -fuzztime $(FUZZTIME) ./keyfuncs
+	$(GO) test -run '^$$' -fuzz '^FuzzJoin$$' -fuzztime $(FUZZTIME) ./keyfuncs

@@ -1,0 +1,508 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/headers"
+	"github.com/tollgate-go/tollgate/internal/leaktest"
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/keyfuncs"
+	"github.com/tollgate-go/tollgate/middleware"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.WriteString(w, "ok")
+})
+
+func mustNew(t testing.TB, s store.Store, lim store.Limit, opts ...middleware.Option) *middleware.Limiter {
+	t.Helper()
+	l, err := middleware.New(s, lim, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func get(t testing.TB, client *http.Client, url string, hdr ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+func wantHeader(t testing.TB, resp *http.Response, name, want string) {
+	t.Helper()
+	if got := resp.Header.Get(name); got != want {
+		t.Errorf("%s: got %q, want %q", name, got, want)
+	}
+}
+
+// burstThenRecover runs the main job over real HTTP: a burst of 3 passes,
+// the 4th gets 429 with exact headers, and after Retry-After seconds
+// requests pass again.
+func burstThenRecover(t *testing.T, s store.Store) {
+	lim := store.Limit{Rate: 1, Period: 2 * time.Second, Burst: 3}
+	l := mustNew(t, s, lim, middleware.WithName("api"))
+	srv := httptest.NewServer(l.Handler(okHandler))
+	defer srv.Close()
+	client := srv.Client()
+
+	for i, wantRemaining := range []string{"2", "1", "0"} {
+		resp := get(t, client, srv.URL)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d, want 200", i+1, resp.StatusCode)
+		}
+		wantHeader(t, resp, "RateLimit-Policy", `"api";q=3;w=2`)
+		wantHeader(t, resp, "RateLimit-Limit", "3")
+		wantHeader(t, resp, "RateLimit-Remaining", wantRemaining)
+		wantHeader(t, resp, "RateLimit", `"api";r=`+wantRemaining+`;t=2`)
+		wantHeader(t, resp, "RateLimit-Reset", "2")
+		wantHeader(t, resp, "Retry-After", "")
+	}
+	resp := get(t, client, srv.URL)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("4th request: status %d, want 429", resp.StatusCode)
+	}
+	wantHeader(t, resp, "Retry-After", "2")
+	wantHeader(t, resp, "RateLimit", `"api";r=0;t=2`)
+	wantHeader(t, resp, "RateLimit-Policy", `"api";q=3;w=2`)
+	wantHeader(t, resp, "RateLimit-Remaining", "0")
+	wantHeader(t, resp, "Cache-Control", "no-store")
+
+	time.Sleep(2 * time.Second)
+	resp = get(t, client, srv.URL)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after Retry-After: status %d, want 200", resp.StatusCode)
+	}
+	wantHeader(t, resp, "RateLimit-Remaining", "0")
+}
+
+func TestBurstThenRecoverMemory(t *testing.T) {
+	t.Parallel()
+	m := store.NewMemory()
+	defer m.Close()
+	burstThenRecover(t, m)
+}
+
+func TestBurstThenRecoverRedis(t *testing.T) {
+	t.Parallel()
+	burstThenRecover(t, store.NewRedis(redistest.Server(t).Client(t), store.WithKeyPrefix(t.Name()+":")))
+}
+
+func TestBurstThenRecoverCluster(t *testing.T) {
+	t.Parallel()
+	burstThenRecover(t, store.NewRedis(redistest.Cluster(t).Client(t), store.WithKeyPrefix(t.Name()+":")))
+}
+
+func userKey(r *http.Request) (string, error) {
+	if u := r.Header.Get("X-User"); u != "" {
+		return "user:" + u, nil
+	}
+	return "", keyfuncs.ErrNoKey
+}
+
+func TestTwoLimitersOneRoute(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	perUser := mustNew(t, m, store.PerMinute(2), middleware.WithName("per-user"), middleware.WithKeyFunc(userKey))
+	perRoute := mustNew(t, m, store.PerMinute(3), middleware.WithName("per-route"), middleware.WithKeyFunc(keyfuncs.Static("route:/items")))
+	srv := httptest.NewServer(perRoute.Handler(perUser.Handler(okHandler)))
+	defer srv.Close()
+	c := srv.Client()
+
+	resp := get(t, c, srv.URL, "X-User", "ann")
+	wantHeader(t, resp, "RateLimit-Policy", `"per-route";q=3;w=60, "per-user";q=2;w=60`)
+	wantHeader(t, resp, "RateLimit", `"per-route";r=2;t=20, "per-user";r=1;t=30`)
+	wantHeader(t, resp, "RateLimit-Remaining", "1") // the tighter
+	wantHeader(t, resp, "RateLimit-Limit", "2")
+
+	resp = get(t, c, srv.URL, "X-User", "ann")
+	wantHeader(t, resp, "RateLimit", `"per-route";r=1;t=20, "per-user";r=0;t=30`)
+	// ann's own limit now decides.
+	resp = get(t, c, srv.URL, "X-User", "ann")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("ann's 3rd request: %d, want 429 from per-user", resp.StatusCode)
+	}
+	wantHeader(t, resp, "RateLimit", `"per-route";r=0;t=20, "per-user";r=0;t=30`)
+	wantHeader(t, resp, "Retry-After", "30")
+	// bob has his own per-user bucket, but the route is exhausted now.
+	resp = get(t, c, srv.URL, "X-User", "bob")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("bob: %d, want 429 from per-route", resp.StatusCode)
+	}
+	wantHeader(t, resp, "RateLimit", `"per-route";r=0;t=20`)
+	wantHeader(t, resp, "Retry-After", "20")
+}
+
+// closedPort returns an address where nothing listens.
+func closedPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// hangingPort returns an address that accepts connections and never answers.
+func hangingPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestStoreFailure(t *testing.T) {
+	const budget = 50 * time.Millisecond
+	for _, down := range []struct {
+		name string
+		addr func(*testing.T) string
+	}{{"closed port", closedPort}, {"hanging", hangingPort}} {
+		for _, tc := range []struct {
+			policy     middleware.FailurePolicy
+			status     int
+			retryAfter string
+		}{
+			{middleware.FailOpen, 200, ""},
+			{middleware.FailClosed, 503, "1"},
+		} {
+			t.Run(down.name+"/"+tc.policy.String(), func(t *testing.T) {
+				rdb := redis.NewClient(&redis.Options{Addr: down.addr(t), MaxRetries: -1})
+				t.Cleanup(func() { rdb.Close() })
+				var errs atomic.Int64
+				l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10),
+					middleware.WithFailurePolicy(tc.policy), middleware.WithTimeout(budget),
+					middleware.WithOnError(func(*http.Request, error) { errs.Add(1) }))
+				h := l.Handler(okHandler)
+				var worst time.Duration
+				for range 10 {
+					w := httptest.NewRecorder()
+					start := time.Now()
+					h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+					worst = max(worst, time.Since(start))
+					if w.Code != tc.status {
+						t.Fatalf("status %d, want %d", w.Code, tc.status)
+					}
+					if got := w.Header().Get("Retry-After"); got != tc.retryAfter {
+						t.Errorf("Retry-After %q, want %q", got, tc.retryAfter)
+					}
+					if got := w.Header().Get("RateLimit"); got != "" {
+						t.Errorf("RateLimit %q on a request the store did not decide", got)
+					}
+				}
+				if worst > budget+20*time.Millisecond {
+					t.Errorf("slowest answer %v; want within the budget %v + 20ms", worst, budget)
+				}
+				if errs.Load() != 10 || l.Stats().StoreErrors != 10 {
+					t.Errorf("error hook %d times, StoreErrors %d; want 10 each", errs.Load(), l.Stats().StoreErrors)
+				}
+				t.Logf("slowest of 10: %v", worst)
+			})
+		}
+	}
+}
+
+// countingStore counts Takes.
+type countingStore struct {
+	store.Store
+	n atomic.Int64
+}
+
+func (c *countingStore) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+	c.n.Add(1)
+	return c.Store.Take(ctx, key, lim, cost)
+}
+
+func TestKeyErrorIsNeverShared(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	cs := &countingStore{Store: m}
+	var hooked atomic.Int64
+	l := mustNew(t, cs, store.PerMinute(1), middleware.WithKeyFunc(keyfuncs.Header("X-API-Key")),
+		middleware.WithOnError(func(_ *http.Request, err error) {
+			if errors.Is(err, keyfuncs.ErrNoKey) {
+				hooked.Add(1)
+			}
+		}))
+	h := l.Handler(okHandler)
+	for range 5 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != http.StatusBadRequest {
+			t.Fatalf("no API key: status %d, want 400", w.Code)
+		}
+		if strings.Contains(w.Body.String(), "X-Api-Key") || strings.Contains(w.Body.String(), "keyfuncs") {
+			t.Errorf("body shows the error: %q", w.Body.String())
+		}
+	}
+	if cs.n.Load() != 0 {
+		t.Errorf("store called %d times for requests without a key; want 0", cs.n.Load())
+	}
+	if hooked.Load() != 5 || l.Stats().KeyErrors != 5 {
+		t.Errorf("hook saw %d ErrNoKey, KeyErrors = %d; want 5", hooked.Load(), l.Stats().KeyErrors)
+	}
+	// Two different keys still get their own buckets.
+	for _, key := range []string{"a", "b"} {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-API-Key", key)
+		h.ServeHTTP(w, r)
+		if w.Code != 200 {
+			t.Errorf("key %s: status %d, want 200", key, w.Code)
+		}
+	}
+}
+
+func TestCostOutOfRange(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	for _, cost := range []int{-1, 11} {
+		l := mustNew(t, m, store.PerSecond(10), middleware.WithCost(func(*http.Request) int { return cost }))
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != http.StatusBadRequest || w.Header().Get("Retry-After") != "" {
+			t.Errorf("cost %d: status %d, Retry-After %q; want 400 and none", cost, w.Code, w.Header().Get("Retry-After"))
+		}
+	}
+}
+
+func TestDryRunNeverRefuses(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	var denied, allowed atomic.Int64
+	l := mustNew(t, m, store.PerMinute(3), middleware.WithDryRun(true),
+		middleware.WithOnDenied(func(_ *http.Request, d middleware.Decision) {
+			if !d.DryRun || d.Result.Allowed || d.Limiter != "3-per-1m" {
+				t.Errorf("denied decision %+v", d)
+			}
+			denied.Add(1)
+		}),
+		middleware.WithOnAllowed(func(*http.Request, middleware.Decision) { allowed.Add(1) }))
+	h := l.Handler(okHandler)
+	for i := range 10 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != 200 {
+			t.Fatalf("request %d: status %d in dry-run, want 200", i, w.Code)
+		}
+		if w.Header().Get("RateLimit") != "" || w.Header().Get("Retry-After") != "" {
+			t.Errorf("dry-run wrote rate-limit headers: %v", w.Header())
+		}
+	}
+	if allowed.Load() != 3 || denied.Load() != 7 {
+		t.Errorf("allowed %d, would-be denied %d; want 3 and 7", allowed.Load(), denied.Load())
+	}
+}
+
+func TestSkipBeforeStore(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	cs := &countingStore{Store: m}
+	l := mustNew(t, cs, store.PerSecond(1), middleware.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		middleware.WithKeyFunc(func(*http.Request) (string, error) { t.Error("KeyFunc called for a skipped request"); return "x", nil }))
+	for range 5 {
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/healthz", nil))
+		if w.Code != 200 || w.Header().Get("RateLimit") != "" {
+			t.Errorf("skipped request: %d %v", w.Code, w.Header())
+		}
+	}
+	if cs.n.Load() != 0 {
+		t.Errorf("store called %d times for skipped requests", cs.n.Load())
+	}
+}
+
+func TestProblemDetails(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	l := mustNew(t, m, store.PerMinute(1), middleware.WithProblemDetails(), middleware.WithName(`login "strict"`))
+	h := l.Handler(okHandler)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != 429 || w.Header().Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("status %d, Content-Type %q", w.Code, w.Header().Get("Content-Type"))
+	}
+	var doc struct {
+		Type     string   `json:"type"`
+		Title    string   `json:"title"`
+		Status   int      `json:"status"`
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil {
+		t.Fatalf("body %q: %v", w.Body.String(), err)
+	}
+	if doc.Type != "https://iana.org/assignments/http-problem-types#quota-exceeded" || doc.Status != 429 ||
+		len(doc.Violated) != 1 || doc.Violated[0] != `login "strict"` {
+		t.Errorf("problem document %+v", doc)
+	}
+	wantHeader(t, &http.Response{Header: w.Header()}, "RateLimit", `"login \"strict\"";r=0;t=60`)
+}
+
+func TestCustomDeniedHandler(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	l := mustNew(t, m, store.PerMinute(1), middleware.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res store.Result) {
+		if res.Allowed || res.RetryAfter <= 0 {
+			t.Errorf("denied handler got %+v", res)
+		}
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	h := l.Handler(okHandler)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != http.StatusTeapot || w.Header().Get("Retry-After") != "60" {
+		t.Errorf("status %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+}
+
+func TestHeaderProfiles(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	for _, tc := range []struct {
+		profile headers.Profile
+		present []string
+		absent  []string
+	}{
+		{0, nil, []string{"RateLimit", "RateLimit-Policy", "RateLimit-Limit", "X-RateLimit-Limit"}},
+		{headers.Draft11, []string{"RateLimit", "RateLimit-Policy"}, []string{"RateLimit-Limit", "X-RateLimit-Limit"}},
+		{headers.Draft03, []string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}, []string{"RateLimit", "X-RateLimit-Limit"}},
+		{headers.XRateLimitDelta, []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}, []string{"RateLimit"}},
+	} {
+		l := mustNew(t, m, store.PerMinute(5), middleware.WithHeaders(tc.profile), middleware.WithKeyFunc(keyfuncs.Static(t.Name())))
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		for _, h := range tc.present {
+			if w.Header().Get(h) == "" {
+				t.Errorf("profile %v: %s missing", tc.profile, h)
+			}
+		}
+		for _, h := range tc.absent {
+			if w.Header().Get(h) != "" {
+				t.Errorf("profile %v: %s present", tc.profile, h)
+			}
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	for name, tc := range map[string]struct {
+		s    store.Store
+		lim  store.Limit
+		opts []middleware.Option
+	}{
+		"nil store":       {nil, store.PerSecond(1), nil},
+		"invalid limit":   {m, store.Limit{Rate: 0, Period: time.Second, Burst: 1}, nil},
+		"zero timeout":    {m, store.PerSecond(1), []middleware.Option{middleware.WithTimeout(0)}},
+		"unknown policy":  {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(42)}},
+		"empty name":      {m, store.PerSecond(1), []middleware.Option{middleware.WithName("")}},
+		"control in name": {m, store.PerSecond(1), []middleware.Option{middleware.WithName("a\nb")}},
+		"nil key func":    {m, store.PerSecond(1), []middleware.Option{middleware.WithKeyFunc(nil)}},
+		"bad status":      {m, store.PerSecond(1), []middleware.Option{middleware.WithFailClosedResponse(200, time.Second)}},
+		"two X modes":     {m, store.PerSecond(1), []middleware.Option{middleware.WithHeaders(headers.XRateLimitEpoch | headers.XRateLimitDelta)}},
+	} {
+		if l, err := middleware.New(tc.s, tc.lim, tc.opts...); err == nil || l != nil {
+			t.Errorf("%s: New = %v, %v; want an error", name, l, err)
+		}
+	}
+}
+
+func TestDefaultName(t *testing.T) {
+	for _, tc := range []struct {
+		lim  store.Limit
+		want string
+	}{
+		{store.PerMinute(100), "100-per-1m"},
+		{store.PerSecond(5), "5-per-1s"},
+		{store.PerHour(1000), "1000-per-1h"},
+		{store.Limit{Rate: 5, Period: time.Second, Burst: 10}, "5-per-1s-burst-10"},
+		{store.Limit{Rate: 1, Period: 1500 * time.Millisecond, Burst: 1}, "1-per-1500ms"},
+	} {
+		if got := middleware.DefaultName(tc.lim); got != tc.want {
+			t.Errorf("DefaultName(%v) = %q, want %q", tc.lim, got, tc.want)
+		}
+	}
+}
+
+func TestNextToken(t *testing.T) {
+	lim := store.PerSecond(5) // a token every 200ms
+	for _, tc := range []struct {
+		remaining int
+		reset     time.Duration
+		want      time.Duration
+	}{
+		{5, 0, 0},
+		{4, 200 * time.Millisecond, 200 * time.Millisecond},
+		{0, time.Second, 200 * time.Millisecond},
+		{0, 900 * time.Millisecond, 100 * time.Millisecond},
+		{2, 550 * time.Millisecond, 150 * time.Millisecond},
+	} {
+		got := middleware.NextToken(store.Result{Limit: lim, Remaining: tc.remaining, ResetAfter: tc.reset})
+		if got != tc.want {
+			t.Errorf("NextToken(remaining %d, reset %v) = %v, want %v", tc.remaining, tc.reset, got, tc.want)
+		}
+	}
+}
+
+func TestNoGoroutineLeak(t *testing.T) {
+	leaktest.Check(t)
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(100))
+	srv := httptest.NewServer(l.Handler(okHandler))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	for range 50 {
+		get(t, srv.Client(), srv.URL)
+	}
+}

@@ -1,0 +1,274 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tollgate-go/tollgate/headers"
+	"github.com/tollgate-go/tollgate/keyfuncs"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// DefaultTimeout is the budget for one store decision unless [WithTimeout]
+// says otherwise. A store that has not answered by then has failed, and the
+// [FailurePolicy] decides the request.
+const DefaultTimeout = 100 * time.Millisecond
+
+// FailurePolicy says what happens to a request when the store cannot decide
+// it (an error, or no answer within the timeout).
+type FailurePolicy int
+
+const (
+	// FailOpen serves the request without limiting it and without rate-limit
+	// headers. It is the default: an ordinary API stays up when Redis is down.
+	FailOpen FailurePolicy = iota
+	// FailClosed refuses the request, by default with 503 Service
+	// Unavailable and Retry-After: 1 (see [WithFailClosedResponse]). Use it
+	// where letting traffic through unlimited is worse than refusing it, such
+	// as a login endpoint.
+	FailClosed
+)
+
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailOpen:
+		return "FailOpen"
+	case FailClosed:
+		return "FailClosed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+}
+
+// Decision is what a limiter decided for one request, as given to hooks.
+type Decision struct {
+	Limiter string       // the limiter's name
+	Key     string       // the subject from the KeyFunc, without the limiter's name
+	Cost    int          // tokens asked for
+	Result  store.Result // the store's answer
+	DryRun  bool         // the limiter is in dry-run mode: a denial was not enforced
+}
+
+// Option configures a [Limiter].
+type Option func(*config) error
+
+type config struct {
+	name            string
+	keyFunc         keyfuncs.KeyFunc
+	cost            func(*http.Request) int
+	timeout         time.Duration
+	policy          FailurePolicy
+	failStatus      int
+	failRetryAfter  time.Duration
+	denied          func(http.ResponseWriter, *http.Request, store.Result)
+	keyError        func(http.ResponseWriter, *http.Request, error)
+	skip            func(*http.Request) bool
+	dryRun          bool
+	profile         headers.Profile
+	problemDetails  bool
+	onAllowed       func(*http.Request, Decision)
+	onDenied        func(*http.Request, Decision)
+	onError         func(*http.Request, error)
+	timeoutExplicit bool
+}
+
+// WithName sets the limiter's name, which namespaces its buckets in the
+// store (the store key is "{<name>:<subject>}") and names its policy in the
+// RateLimit headers. The default is derived from the limit, such as
+// "100-per-1m" or "100-per-1m-burst-10". Give every limiter on a route its
+// own name: two limiters with the same name would report one header item.
+// The name must be non-empty printable ASCII.
+func WithName(name string) Option {
+	return func(c *config) error {
+		if name == "" {
+			return errors.New("WithName: empty name")
+		}
+		for i := 0; i < len(name); i++ {
+			if name[i] < 0x20 || name[i] > 0x7e {
+				return fmt.Errorf("WithName: %q: only printable ASCII is allowed", name)
+			}
+		}
+		c.name = name
+		return nil
+	}
+}
+
+// WithKeyFunc sets how a request's subject is found. The default is
+// [keyfuncs.PeerIP]: the TCP peer's address, port stripped, IPv6 grouped by
+// /64. Behind a proxy, use a resolver that trusts it, or an API-key or user
+// key. A KeyFunc error never falls back to a shared bucket: the request is
+// refused (see [WithKeyErrorHandler]).
+func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("WithKeyFunc: nil KeyFunc")
+		}
+		c.keyFunc = fn
+		return nil
+	}
+}
+
+// WithCost sets the tokens a request costs (default 1), for example by route
+// or body size. A cost of 0 only reads the bucket. A cost below 0 or above
+// the limit's Burst can never be allowed: such a request is answered by the
+// key-error handler (400 by default), never with a 429 that would invite a
+// retry.
+func WithCost(fn func(r *http.Request) int) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("WithCost: nil func")
+		}
+		c.cost = fn
+		return nil
+	}
+}
+
+// WithTimeout sets the budget for one store decision (default
+// [DefaultTimeout]). No request waits on the store longer than d; past it
+// the failure policy decides. It must be positive. The Memory store never
+// waits, so the budget does not apply to it.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("WithTimeout: %v: the budget must be positive", d)
+		}
+		c.timeout, c.timeoutExplicit = d, true
+		return nil
+	}
+}
+
+// WithFailurePolicy sets what happens when the store cannot decide (default
+// [FailOpen]).
+func WithFailurePolicy(p FailurePolicy) Option {
+	return func(c *config) error {
+		if p != FailOpen && p != FailClosed {
+			return fmt.Errorf("WithFailurePolicy: unknown policy %v", p)
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithFailClosedResponse sets the status (default 503) and Retry-After
+// (default 1s, rounded up to whole seconds; 0 omits the header) of requests
+// refused by [FailClosed].
+func WithFailClosedResponse(status int, retryAfter time.Duration) Option {
+	return func(c *config) error {
+		if status < 400 || status > 599 {
+			return fmt.Errorf("WithFailClosedResponse: status %d is not an error status", status)
+		}
+		if retryAfter < 0 {
+			return fmt.Errorf("WithFailClosedResponse: negative Retry-After %v", retryAfter)
+		}
+		c.failStatus, c.failRetryAfter = status, retryAfter
+		return nil
+	}
+}
+
+// WithDeniedHandler sets what answers a request over the limit. It is
+// called with the rate-limit headers, Retry-After and Cache-Control:
+// no-store already set, and must write the status (normally 429) and body.
+// The default writes 429 with a short text body, or a problem document with
+// [WithProblemDetails].
+func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store.Result)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("WithDeniedHandler: nil func")
+		}
+		c.denied = fn
+		return nil
+	}
+}
+
+// WithKeyErrorHandler sets what answers a request the limiter cannot rate:
+// its KeyFunc failed, or its cost is outside [0, Burst]. The default
+// answers 400 Bad Request with a short text body (never the error's text),
+// or 500 when the error wraps [keyfuncs.ErrInvalidConfig].
+// The request is never counted against a shared bucket.
+func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("WithKeyErrorHandler: nil func")
+		}
+		c.keyError = fn
+		return nil
+	}
+}
+
+// WithSkip sets a predicate evaluated first, before the KeyFunc and any
+// store call: requests for which it returns true pass unlimited and without
+// rate-limit headers (health checks, allow-listed clients).
+func WithSkip(fn func(r *http.Request) bool) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("WithSkip: nil func")
+		}
+		c.skip = fn
+		return nil
+	}
+}
+
+// WithDryRun makes the limiter decide and report every request (tokens are
+// taken, hooks run with Decision.DryRun set) but never refuse one, and write
+// no rate-limit headers: a shadow mode to try a limit on real traffic.
+func WithDryRun(on bool) Option {
+	return func(c *config) error {
+		c.dryRun = on
+		return nil
+	}
+}
+
+// WithHeaders selects the rate-limit headers written on every decided
+// response (default [headers.Default]: the draft-11 RateLimit and
+// RateLimit-Policy fields and the draft-03 RateLimit-Limit/-Remaining/-Reset
+// trio). 0 writes none; Retry-After is written on refusals regardless.
+func WithHeaders(p headers.Profile) Option {
+	return func(c *config) error {
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("WithHeaders: %w", err)
+		}
+		c.profile = p
+		return nil
+	}
+}
+
+// WithProblemDetails makes the default denied response an RFC 9457
+// application/problem+json document of type
+// https://iana.org/assignments/http-problem-types#quota-exceeded, naming the
+// violated policy in "violated-policies".
+func WithProblemDetails() Option {
+	return func(c *config) error {
+		c.problemDetails = true
+		return nil
+	}
+}
+
+// WithOnAllowed sets a hook called for every allowed request, before the
+// next handler. Hooks run on the request's goroutine: keep them fast.
+func WithOnAllowed(fn func(r *http.Request, d Decision)) Option {
+	return func(c *config) error {
+		c.onAllowed = fn
+		return nil
+	}
+}
+
+// WithOnDenied sets a hook called for every request over the limit,
+// including those let through in dry-run mode (d.DryRun).
+func WithOnDenied(fn func(r *http.Request, d Decision)) Option {
+	return func(c *config) error {
+		c.onDenied = fn
+		return nil
+	}
+}
+
+// WithOnError sets a hook called when a request cannot be decided: a KeyFunc
+// error, a cost out of range, or a store error or timeout (then followed by
+// the failure policy). The error may contain the request's key; do not show
+// it to clients.
+func WithOnError(fn func(r *http.Request, err error)) Option {
+	return func(c *config) error {
+		c.onError = fn
+		return nil
+	}
+}
