@@ -1,0 +1,451 @@
+package headers
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Profile selects which header sets [Write] writes; flags combine, as in
+// Draft11|XRateLimitEpoch. The zero Profile writes nothing.
+type Profile uint8
+
+const (
+	// Draft11 writes RateLimit-Policy and RateLimit, the List fields of
+	// draft-ietf-httpapi-ratelimit-headers-11.
+	Draft11 Profile = 1 << iota
+	// Draft03 writes RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
+	// of draft-ietf-httpapi-ratelimit-headers-03, the reset in delay-seconds.
+	Draft03
+	// XRateLimitEpoch writes X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, the reset as a Unix time in seconds (GitHub style).
+	XRateLimitEpoch
+	// XRateLimitDelta writes X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, the reset in delay-seconds.
+	XRateLimitDelta
+)
+
+// Default is the profile tollgate writes unless told otherwise: both the
+// draft-11 List fields and the draft-03 fields, which deployed clients read.
+const Default = Draft11 | Draft03
+
+// allProfiles holds every defined Profile flag.
+const allProfiles = Draft11 | Draft03 | XRateLimitEpoch | XRateLimitDelta
+
+// ErrInvalidProfile is wrapped by the error [Profile.Validate] returns.
+var ErrInvalidProfile = errors.New("invalid profile")
+
+// Validate returns an error wrapping [ErrInvalidProfile] if p sets both
+// XRateLimitEpoch and XRateLimitDelta (they write the same fields) or sets
+// bits that are not defined here. The zero Profile is valid.
+func (p Profile) Validate() error {
+	if unknown := p &^ allProfiles; unknown != 0 {
+		return fmt.Errorf("headers: %w %v: unknown bits %#02x", ErrInvalidProfile, p, uint8(unknown))
+	}
+	if p&XRateLimitEpoch != 0 && p&XRateLimitDelta != 0 {
+		return fmt.Errorf("headers: %w %v: XRateLimitEpoch and XRateLimitDelta write the same fields; choose one", ErrInvalidProfile, p)
+	}
+	return nil
+}
+
+// String returns the flags of p joined by "|", such as "Draft11|Draft03",
+// with undefined bits in hexadecimal; the zero Profile is "none".
+func (p Profile) String() string {
+	if p == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, f := range [...]struct {
+		flag Profile
+		name string
+	}{
+		{Draft11, "Draft11"},
+		{Draft03, "Draft03"},
+		{XRateLimitEpoch, "XRateLimitEpoch"},
+		{XRateLimitDelta, "XRateLimitDelta"},
+	} {
+		if p&f.flag != 0 {
+			parts = append(parts, f.name)
+		}
+	}
+	if unknown := p &^ allProfiles; unknown != 0 {
+		parts = append(parts, fmt.Sprintf("%#02x", uint8(unknown)))
+	}
+	return strings.Join(parts, "|")
+}
+
+// Quota is one limiter's state, to be reported on one response.
+// The zero Quota is an unnamed policy with nothing left and nothing to wait for.
+type Quota struct {
+	Name      string        // policy name; written as an RFC 9651 sf-string
+	Limit     int           // q: the bucket capacity (Burst)
+	Window    time.Duration // w: the limit's Period
+	Remaining int           // r: whole tokens left
+	Reset     time.Duration // t: time until the next token; 0 when the bucket is full
+}
+
+// Canonical header keys (as [http.CanonicalHeaderKey] spells them), used to
+// index the [http.Header] map directly.
+const (
+	keyPolicy     = "Ratelimit-Policy"
+	keyRateLimit  = "Ratelimit"
+	keyRetryAfter = "Retry-After"
+)
+
+// trioKeys names the three single-value fields of one legacy header set.
+type trioKeys struct{ limit, remaining, reset string }
+
+var (
+	draft03Keys = trioKeys{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"}
+	xKeys       = trioKeys{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
+)
+
+// epochThreshold tells a Unix time from delay-seconds in X-RateLimit-Reset
+// when [WriteRetryAfter] reads it back: values from 10⁹ (September 2001, or
+// a delay of 31 years) up are Unix times.
+const epochThreshold = 1_000_000_000
+
+// maxFields is the most fields one Write sets: two List fields and two trios.
+const maxFields = 8
+
+// span is one field value built by Write: its key and its bytes in the buffer.
+type span struct {
+	key        string
+	start, end int
+}
+
+// fieldSpans records which bytes of Write's buffer are the value of which field.
+type fieldSpans struct {
+	s [maxFields]span
+	n int
+}
+
+func (f *fieldSpans) add(key string, start, end int) {
+	f.s[f.n] = span{key, start, end}
+	f.n++
+}
+
+// Write adds q to h under profile p. now is used only for XRateLimitEpoch.
+//
+// The List fields (Draft11) get one item per policy name: an item of the
+// same name is replaced in place, items of other names are kept as they
+// were, and a new name is appended. The single-value fields (Draft03 and
+// the X-RateLimit set) are set to q only if q is tighter than what h
+// already holds, or if what h holds does not parse. See the package
+// documentation for the formats and the rounding.
+//
+// Bits of p that are not defined are ignored; if p sets both
+// XRateLimitEpoch and XRateLimitDelta, XRateLimitEpoch is written.
+// h must not be nil. Like [http.Header] itself, Write must not be called
+// concurrently on the same h.
+func Write(h http.Header, p Profile, q Quota, now time.Time) {
+	// All values are built into one buffer that starts on the stack; one
+	// string conversion and one []string backing array then serve every
+	// field, so a Write whose values fit the buffer costs two allocations
+	// however many fields it sets.
+	// (b is a local variable, not a struct field, so that it can stay on
+	// the stack.)
+	var stack [512]byte
+	b := stack[:0]
+	var fs fieldSpans
+
+	if p&Draft11 != 0 {
+		start := len(b)
+		b = appendMerged(b, h[keyPolicy], &q, true)
+		fs.add(keyPolicy, start, len(b))
+		start = len(b)
+		b = appendMerged(b, h[keyRateLimit], &q, false)
+		fs.add(keyRateLimit, start, len(b))
+	}
+	limit, remaining := clampInt(q.Limit), clampInt(q.Remaining)
+	if p&Draft03 != 0 {
+		t := trio{limit, remaining, Seconds(q.Reset)}
+		if t.replaces(h, &draft03Keys) {
+			b = t.append(b, &fs, &draft03Keys)
+		}
+	}
+	if p&(XRateLimitEpoch|XRateLimitDelta) != 0 {
+		t := trio{limit, remaining, Seconds(q.Reset)}
+		if p&XRateLimitEpoch != 0 {
+			t.reset = epochSeconds(now, q.Reset)
+		}
+		if t.replaces(h, &xKeys) {
+			b = t.append(b, &fs, &xKeys)
+		}
+	}
+	if fs.n == 0 {
+		return
+	}
+
+	s := string(b)
+	vals := make([]string, fs.n)
+	for i, sp := range fs.s[:fs.n] {
+		vals[i] = s[sp.start:sp.end]
+		// Full slice expression: an Add to one field must not overwrite the next.
+		h[sp.key] = vals[i : i+1 : i+1]
+	}
+}
+
+// append appends t's three values to b, one field each.
+func (t trio) append(b []byte, fs *fieldSpans, keys *trioKeys) []byte {
+	start := len(b)
+	b = strconv.AppendInt(b, t.limit, 10)
+	fs.add(keys.limit, start, len(b))
+	start = len(b)
+	b = strconv.AppendInt(b, t.remaining, 10)
+	fs.add(keys.remaining, start, len(b))
+	start = len(b)
+	b = strconv.AppendInt(b, t.reset, 10)
+	fs.add(keys.reset, start, len(b))
+	return b
+}
+
+// WriteRetryAfter sets Retry-After for a 429 (or 503): d rounded up to whole
+// seconds, at least 1, and never earlier than the t of any exhausted quota
+// (r=0) already written to h.
+//
+// Exhausted quotas are read from the RateLimit List (items with r=0; a
+// RateLimit that does not parse is ignored) and from the RateLimit-* and
+// X-RateLimit-* fields when their Remaining is 0. X-RateLimit-Reset values of
+// 10⁹ or more are taken as Unix times and turned back into delay-seconds with
+// [time.Now]. Retry-After is set, replacing any value h had.
+func WriteRetryAfter(h http.Header, d time.Duration) {
+	writeRetryAfter(h, d, time.Now())
+}
+
+// writeRetryAfter is WriteRetryAfter with the clock as a parameter.
+func writeRetryAfter(h http.Header, d time.Duration, now time.Time) {
+	secs := max(Seconds(d), 1, exhaustedReset(h, now))
+	h[keyRetryAfter] = []string{strconv.FormatInt(secs, 10)}
+}
+
+// exhaustedReset returns the largest delay in seconds until an exhausted
+// quota written in h has a token again, or 0.
+func exhaustedReset(h http.Header, now time.Time) int64 {
+	var secs int64
+	if lines := h[keyRateLimit]; len(lines) > 0 {
+		var listMax int64
+		l := scanList(joinLines(lines))
+		var m member
+		for l.next(&m) {
+			if r, ok := m.intParam("r"); !ok || r != 0 {
+				continue
+			}
+			if t, ok := m.intParam("t"); ok {
+				listMax = max(listMax, t)
+			}
+		}
+		if l.err == nil {
+			secs = listMax
+		}
+	}
+	if t, ok := readTrio(h, &draft03Keys); ok && t.remaining == 0 {
+		secs = max(secs, t.reset)
+	}
+	if t, ok := readTrio(h, &xKeys); ok && t.remaining == 0 {
+		reset := t.reset
+		if reset >= epochThreshold {
+			reset = Seconds(time.Unix(reset, 0).Sub(now))
+		}
+		secs = max(secs, reset)
+	}
+	return secs
+}
+
+// Seconds rounds d up to whole seconds (negative and zero give 0).
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// epochSeconds returns the Unix time, rounded up to a whole second, at
+// which a delay of d from now ends, within [0, sfIntegerMax].
+func epochSeconds(now time.Time, d time.Duration) int64 {
+	d = max(d, 0)
+	s := Seconds(d)
+	// now+d = now.Unix() + s + (now.Nanosecond() - (s seconds - d)), and
+	// s seconds - d is within [0, 1s), so the last term is within (-1s, 1s):
+	// round up when it is positive. (Computing s seconds - d from d's
+	// remainder, as below, cannot overflow.)
+	short := time.Duration(0)
+	if r := d % time.Second; r != 0 {
+		short = time.Second - r
+	}
+	if time.Duration(now.Nanosecond()) > short {
+		s++
+	}
+	// Clamp now first so that the sum cannot overflow: s is below 10¹⁰.
+	unix := min(max(now.Unix(), -sfIntegerMax), sfIntegerMax)
+	return min(max(unix+s, 0), sfIntegerMax)
+}
+
+// clampInt returns v within [0, sfIntegerMax], so that it is always an
+// RFC 9651 Integer.
+func clampInt(v int) int64 {
+	if v < 0 {
+		return 0
+	}
+	if uint64(v) > sfIntegerMax {
+		return sfIntegerMax
+	}
+	return int64(v)
+}
+
+// appendMerged appends to b the List field lines with q's item merged in:
+// the first item whose name is q's is replaced by q's item and later ones
+// dropped, other members are copied as they were written, and q's item is
+// appended if no item had its name. Field lines that do not parse as a List
+// are dropped. policy selects the RateLimit-Policy item over the RateLimit one.
+func appendMerged(b []byte, lines []string, q *Quota, policy bool) []byte {
+	if len(lines) == 0 {
+		return appendItem(b, q, policy)
+	}
+	field := joinLines(lines)
+	start := len(b)
+	replaced := false
+	l := scanList(field)
+	var m member
+	for l.next(&m) {
+		mine := m.value.isString(q.Name)
+		if mine && replaced {
+			continue
+		}
+		if len(b) > start {
+			b = append(b, ", "...)
+		}
+		if mine {
+			b = appendItem(b, q, policy)
+			replaced = true
+		} else {
+			b = append(b, field[m.start:m.end]...)
+		}
+	}
+	if l.err != nil {
+		return appendItem(b[:start], q, policy)
+	}
+	if !replaced {
+		if len(b) > start {
+			b = append(b, ", "...)
+		}
+		b = appendItem(b, q, policy)
+	}
+	return b
+}
+
+// joinLines combines field lines into one field value (RFC 9651 Section 4.2).
+func joinLines(lines []string) string {
+	if len(lines) == 1 {
+		return lines[0]
+	}
+	return strings.Join(lines, ", ")
+}
+
+// appendItem appends q's RateLimit-Policy item (if policy) or RateLimit item.
+func appendItem(b []byte, q *Quota, policy bool) []byte {
+	b = appendString(b, q.Name)
+	if policy {
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, clampInt(q.Limit), 10)
+		b = append(b, ";w="...)
+		return strconv.AppendInt(b, max(Seconds(q.Window), 1), 10)
+	}
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, clampInt(q.Remaining), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, Seconds(q.Reset), 10)
+}
+
+// appendString appends s as an RFC 9651 String: '"' and '\' are escaped,
+// and every byte outside printable ASCII, which a String cannot hold, is
+// replaced by '?'.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	clean := true
+	for i := 0; i < len(s) && clean; i++ {
+		clean = s[i] >= 0x20 && s[i] <= 0x7e && s[i] != '"' && s[i] != '\\'
+	}
+	if clean { // the usual case: one copy instead of a byte-by-byte loop
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		default:
+			b = append(b, sanitize(c))
+		}
+	}
+	return append(b, '"')
+}
+
+// sanitize returns c, or '?' if c is not printable ASCII.
+func sanitize(c byte) byte {
+	if c < 0x20 || c > 0x7e {
+		return '?'
+	}
+	return c
+}
+
+// trio is the state reported by one set of single-value fields.
+type trio struct {
+	limit, remaining, reset int64
+}
+
+// tighter reports whether t is a tighter state to report than u: fewer
+// tokens left, or as few but longer to wait, or both equal and a smaller
+// limit. It is a strict order, so the result of several Writes does not
+// depend on their order.
+func (t trio) tighter(u trio) bool {
+	if t.remaining != u.remaining {
+		return t.remaining < u.remaining
+	}
+	if t.reset != u.reset {
+		return t.reset > u.reset
+	}
+	return t.limit < u.limit
+}
+
+// replaces reports whether t should be written over the fields keys in h:
+// when they are missing or do not parse, or when t is tighter.
+func (t trio) replaces(h http.Header, keys *trioKeys) bool {
+	old, ok := readTrio(h, keys)
+	return !ok || t.tighter(old)
+}
+
+// readTrio reads the fields keys from h, if each is present once and is a
+// plain non-negative integer.
+func readTrio(h http.Header, keys *trioKeys) (trio, bool) {
+	limit, ok1 := readInt(h[keys.limit])
+	remaining, ok2 := readInt(h[keys.remaining])
+	reset, ok3 := readInt(h[keys.reset])
+	return trio{limit, remaining, reset}, ok1 && ok2 && ok3
+}
+
+// readInt parses a field with one line holding 1 to 18 decimal digits.
+func readInt(lines []string) (int64, bool) {
+	if len(lines) != 1 {
+		return 0, false
+	}
+	s := lines[0]
+	if len(s) == 0 || len(s) > 18 {
+		return 0, false
+	}
+	var v int64
+	for i := 0; i < len(s); i++ {
+		if !isDigit(s[i]) {
+			return 0, false
+		}
+		v = v*10 + int64(s[i]-'0')
+	}
+	return v, true
+}
