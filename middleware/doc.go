@@ -1,0 +1,37 @@
+// Package middleware is tollgate's rate-limiting HTTP middleware: a
+// [Limiter] wraps any [http.Handler] (chi, gorilla/mux, [http.ServeMux]) and
+// decides each request on a [store.Store] shared by every server of an
+// application.
+//
+// # One request
+//
+// Skip rules ([WithSkip]) → the KeyFunc ([WithKeyFunc], default
+// [keyfuncs.PeerIP]) → the cost ([WithCost], default 1) → one Take on the
+// store within the timeout budget ([WithTimeout], default 100ms) → the
+// rate-limit headers ([WithHeaders]) → the next handler, or a refusal:
+//
+//   - over the limit: 429 with Retry-After, Cache-Control: no-store and a
+//     short text body, or an RFC 9457 problem document
+//     ([WithProblemDetails]), or whatever [WithDeniedHandler] writes;
+//   - no key, or a cost outside [0, Burst]: 400 (never a shared bucket,
+//     never a 429 that would invite a retry), see [WithKeyErrorHandler];
+//   - the store failed or timed out: the [FailurePolicy] decides, [FailOpen]
+//     (serve, the default) or [FailClosed] (503 with Retry-After).
+//
+// # Names and keys
+//
+// Each limiter has a name ([WithName], default derived from its limit, such
+// as "100-per-1m"). The store key of a request is "{<name>:<subject>}", so
+// two limiters that key by the same address never share a bucket, and the
+// braces make the whole key a Redis Cluster hash tag (a brace inside a
+// subject, as in a route pattern, cannot pin keys to one slot). The name is
+// also the policy's name in the RateLimit headers: give each limiter on a
+// route its own.
+//
+// # Several limiters
+//
+// Limiters nest: a per-route limiter around a per-user one. Each adds its
+// own item to the RateLimit and RateLimit-Policy fields, and the
+// single-value fields report the tightest. A request refused by an inner
+// limiter has already been counted by the outer ones.
+package middleware
