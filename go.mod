@@ -4,7 +4,9 @@ go 1.23.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.34.0
+	github.com/go-chi/chi/v5 v5.2.3
 	github.com/go-chi/httprate v0.15.0
+	github.com/gorilla/mux v1.8.1
 	github.com/redis/go-redis/v9 v9.7.3
 	golang.org/x/time v0.9.0
 )
