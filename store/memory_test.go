@@ -27,38 +27,49 @@ func TestMemoryNoAllocsOnKnownKey(t *testing.T) {
 	}
 }
 
+// floodHeap floods a fresh store with distinct keys and returns the live
+// buckets and the heap they hold.
+func floodHeap(t *testing.T, maxKeys, keys int) (live int, heap int64, m *store.Memory) {
+	t.Helper()
+	m = store.NewMemory(store.WithMaxKeys(maxKeys), store.WithSweepInterval(0))
+	t.Cleanup(func() { m.Close() })
+	ctx := context.Background()
+	lim := store.PerHour(10) // buckets stay far from full for the whole test
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range keys {
+		if r, err := m.Take(ctx, "flood:"+strconv.Itoa(i), lim, 1); err != nil || !r.Allowed {
+			t.Fatalf("Take %d = %+v, %v", i, r, err)
+		}
+		if i%97 == 0 && m.Len() > maxKeys {
+			t.Fatalf("after %d distinct keys: %d live, want at most %d", i+1, m.Len(), maxKeys)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return m.Len(), int64(after.HeapAlloc) - int64(before.HeapAlloc), m
+}
+
 func TestMemoryMaxKeysUnderFlood(t *testing.T) {
 	for _, n := range []int{1, 100, 10_000} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			m := store.NewMemory(store.WithMaxKeys(n), store.WithSweepInterval(0))
-			defer m.Close()
-			ctx := context.Background()
-			lim := store.PerHour(10) // buckets stay far from full for the whole test
-			var before runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&before)
-			for i := range 10 * n {
-				if r, err := m.Take(ctx, "flood:"+strconv.Itoa(i), lim, 1); err != nil || !r.Allowed {
-					t.Fatalf("Take %d = %+v, %v", i, r, err)
-				}
-				if i%97 == 0 && m.Len() > n {
-					t.Fatalf("after %d distinct keys: %d live, want at most %d", i+1, m.Len(), n)
-				}
-			}
-			if got := m.Len(); got > n || got < n/2 {
-				t.Errorf("after a flood of %d keys: %d live, want at most %d (and not far below)", 10*n, got, n)
+			live, heap, m := floodHeap(t, n, 10*n)
+			if live > n || live < n/2 {
+				t.Errorf("after a flood of %d keys: %d live, want at most %d (and not far below)", 10*n, live, n)
 			}
 			if m.Evicted() < int64(9*n) {
 				t.Errorf("Evicted() = %d, want at least %d", m.Evicted(), 9*n)
 			}
-			var after runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&after)
-			perKey := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
-			t.Logf("MaxKeys %d: %d live after %d distinct keys; heap %+d bytes (%d per allowed key)",
-				n, m.Len(), 10*n, int64(after.HeapAlloc)-int64(before.HeapAlloc), perKey)
-			if n >= 10_000 && perKey > 400 {
-				t.Errorf("heap grew %d bytes per allowed key; want a bounded store (< 400)", perKey)
+			t.Logf("MaxKeys %d: %d live after %d distinct keys, heap %+d bytes", n, live, 10*n, heap)
+			if n < 10_000 {
+				return
+			}
+			// The same flood into a store with room for all of it.
+			uncappedLive, uncappedHeap, _ := floodHeap(t, 10*n, 10*n)
+			t.Logf("MaxKeys %d: %d live after %d distinct keys, heap %+d bytes", 10*n, uncappedLive, 10*n, uncappedHeap)
+			if heap > uncappedHeap/4 {
+				t.Errorf("capped store holds %d bytes, uncapped %d; want the cap to bound memory", heap, uncappedHeap)
 			}
 		})
 	}
