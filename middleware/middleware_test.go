@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,53 +155,12 @@ func TestTwoLimitersOneRoute(t *testing.T) {
 	wantHeader(t, resp, "Retry-After", "20")
 }
 
-// closedPort returns an address where nothing listens.
-func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// hangingPort returns an address that accepts connections and never answers.
-func hangingPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func TestStoreFailure(t *testing.T) {
 	const budget = 50 * time.Millisecond
 	for _, down := range []struct {
 		name string
-		addr func(*testing.T) string
-	}{{"closed port", closedPort}, {"hanging", hangingPort}} {
+		addr func(testing.TB) string
+	}{{"closed port", redistest.ClosedAddr}, {"hanging", redistest.HangingAddr}} {
 		for _, tc := range []struct {
 			policy     middleware.FailurePolicy
 			status     int

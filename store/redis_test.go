@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate-go/tollgate/internal/redistest"
 	"github.com/tollgate-go/tollgate/lua"
 	"github.com/tollgate-go/tollgate/store"
 )
@@ -180,10 +181,7 @@ func TestRedisNoScriptReworded(t *testing.T) {
 
 func TestRedisErrorsAreWrapped(t *testing.T) {
 	// A closed port: a network error, returned (never a decision), quickly.
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: redistest.ClosedAddr(t), MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	s := store.NewRedis(client)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -197,39 +195,8 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	}
 }
 
-// hangingListener accepts connections and never answers, like a Redis that
-// is stopped.
-func hangingListener(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func TestRedisTakeReturnsByDeadline(t *testing.T) {
-	addr := hangingListener(t)
+	addr := redistest.HangingAddr(t)
 	for _, ctxTimeouts := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 5 * time.Second,
