@@ -14,7 +14,6 @@ import (
 type params struct {
 	rate, period, burst int64 // period in microseconds
 	tq, tr              int64 // emission interval period/rate = tq + tr/rate
-	capacity            span  // burst emission intervals: an empty bucket's debt
 }
 
 func (l Limit) params() (params, error) {
@@ -38,7 +37,6 @@ func (l Limit) params() (params, error) {
 	if hi, lo := bits.Mul64(uint64(p.tq+1), uint64(p.burst)); hi != 0 || lo > maxProduct {
 		return params{}, l.invalid("the time to refill Burst tokens must not exceed 2^50µs")
 	}
-	p.capacity = p.times(p.burst)
 	return p, nil
 }
 
@@ -86,53 +84,38 @@ type bucket struct {
 	rate int64
 }
 
-// decision is what a Take decided, before it is turned into a Result.
-type decision struct {
-	allowed bool
-	debt    span // how far the bucket is from full after the decision
-	short   span // denied: how far it must come back before cost fits
-}
-
 // decide takes cost tokens at instant now from a bucket in state b (ok false:
-// no state, a full bucket). It returns the decision and, when it must be
-// written, the new state. It does only what must happen atomically with
-// reading b; fill does the rest.
-func (p *params) decide(b bucket, ok bool, now, cost int64) (d decision, nb bucket, write bool) {
+// no state, a full bucket). It fills in res (all but Limit) and returns the
+// new state when it must be written.
+func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb bucket, write bool) {
+	var debt span // how far the bucket is from full
 	if ok {
 		tat := b.tat
 		if b.rate != p.rate && tat.f > 0 {
 			tat = span{tat.u + 1, 0} // stored under another rate: round up, never loosen
 		}
 		if n := (span{now, 0}); n.le(tat) {
-			d.debt = p.sub(tat, n)
+			debt = p.sub(tat, n)
 		}
 	}
-	if !d.debt.le(p.capacity) {
-		d.debt = p.capacity // state left by a larger limit: read as an empty bucket
+	capacity := p.times(p.burst)
+	if !debt.le(capacity) {
+		debt = capacity // state left by a larger limit: read as an empty bucket
 	}
-	next := p.add(d.debt, p.times(cost))
-	switch {
-	case cost == 0:
-		d.allowed = true
-	case next.le(p.capacity):
-		d.allowed, d.debt = true, next
-		nb, write = bucket{tat: p.add(span{now, 0}, next), rate: p.rate}, true
-	default:
-		d.short = p.sub(next, p.capacity)
-	}
-	return d, nb, write
-}
-
-// fill sets res's Allowed, Remaining, RetryAfter and ResetAfter from d.
-func (p *params) fill(res *Result, d decision) {
-	res.Allowed = d.allowed
-	if !d.allowed {
-		res.RetryAfter = time.Duration(d.short.ceil()) * time.Microsecond
+	next := p.add(debt, p.times(cost))
+	if cost == 0 || next.le(capacity) {
+		res.Allowed = true
+		if cost > 0 {
+			debt = next
+			nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
+		}
+	} else {
+		res.RetryAfter = time.Duration(p.sub(next, capacity).ceil()) * time.Microsecond
 	}
 	// Remaining = floor(A/T) with A = capacity - debt, T = period/rate:
 	// floor((A.u*rate + A.f) / period), in 128 bits. The quotient is at
 	// most burst, so it fits.
-	a := p.sub(p.capacity, d.debt)
+	a := p.sub(capacity, debt)
 	var q uint64
 	if p.tr == 0 {
 		q = uint64(a.u / p.tq) // a.f is 0; tq >= 1 since period >= rate
@@ -143,5 +126,6 @@ func (p *params) fill(res *Result, d decision) {
 		q, _ = bits.Div64(hi+carry, lo, uint64(p.period))
 	}
 	res.Remaining = int(min(int64(q), p.burst))
-	res.ResetAfter = time.Duration(d.debt.ceil()) * time.Microsecond
+	res.ResetAfter = time.Duration(debt.ceil()) * time.Microsecond
+	return nb, write
 }

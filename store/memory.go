@@ -147,13 +147,13 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Res
 		sh.mu.Unlock()
 		return Result{}, costError(key, limit, cost)
 	}
-	p := &sh.params
+	res := Result{Limit: limit}
 	b, ok := sh.m[key]
 	var cur bucket
 	if ok {
 		cur = *b
 	}
-	d, nb, write := p.decide(cur, ok, now, int64(cost))
+	nb, write := sh.params.decide(&res, cur, ok, now, int64(cost))
 	switch {
 	case write && ok:
 		*b = nb
@@ -164,13 +164,10 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Res
 		fresh := new(bucket) // allocated here only, so that nb stays on the stack
 		*fresh = nb
 		sh.m[strings.Clone(key)] = fresh // a clone: do not pin the caller's backing array
-	case ok && d.debt == (span{}):
+	case ok && res.ResetAfter == 0:
 		delete(sh.m, key) // full again: a missing key is a full bucket
 	}
-	pp := *p // fill outside the lock; another limit may replace sh.params
 	sh.mu.Unlock()
-	res := Result{Limit: limit}
-	pp.fill(&res, d)
 	return res, nil
 }
 
