@@ -39,3 +39,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTake$$' -fuzztime $(FUZZTIME) ./store
 	$(GO) test -run '^$$' -fuzz '^FuzzPeerIP$$' -fuzztime $(FUZZTIME) ./keyfuncs
 	$(GO) test -run '^$$' -fuzz '^FuzzJoin$$' -fuzztime $(FUZZTIME) ./keyfuncs
+	$(GO) test -run '^$$' -fuzz '^FuzzClientIP$$' -fuzztime $(FUZZTIME) ./keyfuncs
+	$(GO) test -run '^$$' -fuzz '^FuzzWrite$$' -fuzztime $(FUZZTIME) ./headers
+	$(GO) test -run '^$$' -fuzz '^FuzzParseList$$' -fuzztime $(FUZZTIME) ./headers

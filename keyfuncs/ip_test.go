@@ -2,6 +2,7 @@ package keyfuncs_test
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -337,5 +338,38 @@ func BenchmarkPeerIP(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// TestPeerIPPrefixFormsIPv6 checks the keys of IPv6 prefixes of every
+// length up to 64, which the package formats itself, against netip's
+// canonical form, on addresses dense with zero groups (where "::" goes).
+func TestPeerIPPrefixFormsIPv6(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	groups := []uint16{0, 0, 0, 1, 0xf, 0x10, 0xff, 0x100, 0xfff, 0x1000, 0xffff, 0xdb8, 0x2001}
+	kfs := make([]keyfuncs.KeyFunc, 65)
+	for bits := 1; bits <= 64; bits++ {
+		var err error
+		if kfs[bits], err = keyfuncs.PeerIPPrefix(32, bits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 500 {
+		var a [16]byte
+		for g := range 8 {
+			v := groups[rng.IntN(len(groups))]
+			a[2*g], a[2*g+1] = byte(v>>8), byte(v)
+		}
+		addr := netip.AddrFrom16(a)
+		if addr.Is4In6() {
+			continue // read as IPv4
+		}
+		r := request("[" + addr.String() + "]:1")
+		for bits := 1; bits <= 64; bits++ {
+			got, err := kfs[bits](r)
+			if want := "ip:" + netip.PrefixFrom(addr, bits).Masked().String(); err != nil || got != want {
+				t.Fatalf("/%d of %s: got %q, %v; want %q", bits, addr, got, err, want)
+			}
+		}
 	}
 }

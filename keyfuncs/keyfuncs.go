@@ -24,9 +24,10 @@ type KeyFunc func(r *http.Request) (string, error)
 var ErrNoKey = errors.New("no key")
 
 // ErrInvalidConfig is wrapped by the error of a KeyFunc built from unusable
-// arguments: a bad prefix length, header name, or nil function. Constructors
-// that return an error return it at once; those that return only a KeyFunc
-// (such as [Header] and [Join]) return one that fails every request with it.
+// arguments: a bad prefix length, header name, trusted network, or nil
+// function, or options that contradict each other. Constructors that return
+// an error return it at once; those that return only a KeyFunc (such as
+// [Header] and [Join]) return one that fails every request with it.
 var ErrInvalidConfig = errors.New("invalid configuration")
 
 // maxPartLen is the longest user id or route pattern kept as it is in a key;
@@ -107,8 +108,8 @@ func Static(key string) KeyFunc {
 // [ErrInvalidConfig].
 //
 // The key is as long as its parts plus one byte between parts and one per
-// escaped byte. Keys from [PeerIP], [PeerIPPrefix] and [Header] hold no byte
-// to escape; keys from [User], [Route] and [Pattern] may.
+// escaped byte. Keys from [PeerIP], [PeerIPPrefix], [ClientIP] and [Header]
+// hold no byte to escape; keys from [User], [Route] and [Pattern] may.
 func Join(fns ...KeyFunc) KeyFunc {
 	if len(fns) == 0 {
 		return failing(invalid("Join needs at least one KeyFunc"))
