@@ -145,6 +145,9 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 
 	res, err := l.take(r.Context(), subject, cost)
 	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client went away: nobody to answer, and not the store's fault
+		}
 		l.storeErrors.Add(1)
 		if c.onError != nil {
 			c.onError(r, fmt.Errorf("middleware: %s: %w", c.name, err))

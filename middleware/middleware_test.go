@@ -403,6 +403,8 @@ func TestNewValidates(t *testing.T) {
 		"unknown policy":  {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(42)}},
 		"empty name":      {m, store.PerSecond(1), []middleware.Option{middleware.WithName("")}},
 		"control in name": {m, store.PerSecond(1), []middleware.Option{middleware.WithName("a\nb")}},
+		"brace in name":   {m, store.PerSecond(1), []middleware.Option{middleware.WithName("a}b")}},
+		"colon in name":   {m, store.PerSecond(1), []middleware.Option{middleware.WithName("x:ip")}},
 		"nil key func":    {m, store.PerSecond(1), []middleware.Option{middleware.WithKeyFunc(nil)}},
 		"bad status":      {m, store.PerSecond(1), []middleware.Option{middleware.WithFailClosedResponse(200, time.Second)}},
 		"two X modes":     {m, store.PerSecond(1), []middleware.Option{middleware.WithHeaders(headers.XRateLimitEpoch | headers.XRateLimitDelta)}},
@@ -461,5 +463,21 @@ func TestNoGoroutineLeak(t *testing.T) {
 	defer srv.Client().CloseIdleConnections()
 	for range 50 {
 		get(t, srv.Client(), srv.URL)
+	}
+}
+
+func TestClientGoneIsNotAStoreError(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	var hooked atomic.Int64
+	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), middleware.WithFailurePolicy(middleware.FailClosed),
+		middleware.WithOnError(func(*http.Request, error) { hooked.Add(1) }))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // the client gives up first
+	defer cancel()
+	w := httptest.NewRecorder()
+	l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	if l.Stats().StoreErrors != 0 || hooked.Load() != 0 || w.Code != http.StatusOK || w.Body.Len() != 0 {
+		t.Errorf("client gone: StoreErrors %d, hook %d, response %d %q; want nothing counted or written",
+			l.Stats().StoreErrors, hooked.Load(), w.Code, w.Body.String())
 	}
 }

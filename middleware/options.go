@@ -76,9 +76,15 @@ type config struct {
 // WithName sets the limiter's name, which namespaces its buckets in the
 // store (the store key is "{<name>:<subject>}") and names its policy in the
 // RateLimit headers. The default is derived from the limit, such as
-// "100-per-1m" or "100-per-1m-burst-10". Give every limiter on a route its
-// own name: two limiters with the same name would report one header item.
-// The name must be non-empty printable ASCII.
+// "100-per-1m" or "100-per-1m-burst-10". Limiters with the same name on
+// one store share their buckets — which is how one budget spans several
+// route groups, and also what happens to two limiters with the same limit
+// and the default name: give limiters that must count separately (a strict
+// /login and a loose /api of the same limit) their own names. Two limiters
+// with the same name on one route would also report one header item.
+// The name must be non-empty printable ASCII without '{', '}' or ':',
+// which would let its keys collide with another limiter's or pin them to
+// one Redis Cluster slot.
 func WithName(name string) Option {
 	return func(c *config) error {
 		if name == "" {
@@ -87,6 +93,9 @@ func WithName(name string) Option {
 		for i := 0; i < len(name); i++ {
 			if name[i] < 0x20 || name[i] > 0x7e {
 				return fmt.Errorf("WithName: %q: only printable ASCII is allowed", name)
+			}
+			if name[i] == '{' || name[i] == '}' || name[i] == ':' {
+				return fmt.Errorf("WithName: %q: '{', '}' and ':' are not allowed", name)
 			}
 		}
 		c.name = name

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -37,18 +38,24 @@ type Redis struct {
 	ctxDeadlines bool
 }
 
+var errNilClient = errors.New("NewRedis was given a nil client")
+
 // RedisOption configures a [Redis] store.
 type RedisOption func(*Redis)
 
 // WithKeyPrefix sets the prefix of the store's Redis keys (default
-// [DefaultKeyPrefix]). Stores with different prefixes never share a bucket.
+// [DefaultKeyPrefix]). It is used as it is, so end it with a separator
+// ("myapp:"). Stores with different prefixes never share a bucket.
 func WithKeyPrefix(prefix string) RedisOption {
 	return func(r *Redis) { r.prefix = prefix }
 }
 
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
-	r := &Redis{client: client, prefix: DefaultKeyPrefix, ctxDeadlines: honorsDeadlines(client)}
+	r := &Redis{prefix: DefaultKeyPrefix}
+	if client != nil { // a nil client is an error from every Take, not a panic
+		r.client, r.ctxDeadlines = client, honorsDeadlines(client)
+	}
 	for _, o := range opts {
 		o(r)
 	}
@@ -86,6 +93,13 @@ type takeResult struct {
 func (r *Redis) takeBounded(ctx context.Context, key string, p params, limit Limit, cost int) (Result, error) {
 	done := make(chan takeResult, 1) // buffered: the call may finish after we stop waiting
 	go func() {
+		// A panic here (a client's hook, say) would end the process: no
+		// handler can recover it on this goroutine. Return it as an error.
+		defer func() {
+			if v := recover(); v != nil {
+				done <- takeResult{err: fmt.Errorf("store: take %q: panic: %v", key, v)}
+			}
+		}()
 		res, err := r.take(ctx, key, &p, limit, cost)
 		done <- takeResult{res, err}
 	}()
@@ -98,6 +112,9 @@ func (r *Redis) takeBounded(ctx context.Context, key string, p params, limit Lim
 }
 
 func (r *Redis) take(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
+	if r.client == nil {
+		return Result{}, fmt.Errorf("store: take %q: %w", key, errNilClient)
+	}
 	rkey := r.Key(key)
 	keys := []string{rkey}
 	args := []any{p.rate, p.period, p.burst, cost}
@@ -143,7 +160,8 @@ func honorsDeadlines(client redis.UniversalClient) bool {
 // services have been seen to reword or prefix it ("ERR NOSCRIPT ...",
 // "... no matching script ..."), so the test is on the words, anywhere.
 func isNoScript(err error) bool {
-	if _, ok := err.(redis.Error); !ok {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
 		return false // a network error: running EVAL would not help
 	}
 	msg := strings.ToLower(err.Error())

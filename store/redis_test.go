@@ -219,3 +219,31 @@ func TestRedisTakeReturnsByDeadline(t *testing.T) {
 		})
 	}
 }
+
+// panicHook makes every command panic, like a broken client hook.
+type panicHook struct{}
+
+func (panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (panicHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(context.Context, redis.Cmder) error { panic("hook exploded") }
+}
+func (panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestRedisTakeNeverPanics(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := store.NewRedis(nil).Take(ctx, "k", store.PerSecond(1), 1)
+	if err == nil || r.Allowed {
+		t.Errorf("Take on a nil client = %+v, %v; want an error", r, err)
+	}
+	_, client, _ := newMiniredis(t)
+	client.AddHook(panicHook{})
+	// With a deadline and a client that ignores it, Take runs the call on a
+	// goroutine of its own: a panic there must come back as an error.
+	r, err = store.NewRedis(client).Take(ctx, "k", store.PerSecond(1), 1)
+	if err == nil || !strings.Contains(err.Error(), "panic: hook exploded") {
+		t.Errorf("Take through a panicking hook = %+v, %v; want the panic as an error", r, err)
+	}
+}
