@@ -16,7 +16,12 @@
 //   - no key, or a cost outside [0, Burst]: 400 (never a shared bucket,
 //     never a 429 that would invite a retry), see [WithKeyErrorHandler];
 //   - the store failed or timed out: the [FailurePolicy] decides, [FailOpen]
-//     (serve, the default) or [FailClosed] (503 with Retry-After).
+//     (serve, the default), [FailClosed] (503 with Retry-After) or
+//     [FailLocal] (an in-process share of the limit, see [WithReplicas]).
+//
+// A circuit breaker ([WithBreaker]) stops calling a store that keeps
+// failing and lets one probe through after a cooldown, so a dead Redis
+// costs no waiting per request.
 //
 // # Names and keys
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"net/http"
 	"strconv"
@@ -26,8 +27,12 @@ type Limiter struct {
 	cfg    config
 	store  store.Store
 	limit  store.Limit
-	prefix string // "{" + name + ":"; see take
-	bound  bool   // apply cfg.timeout to store calls
+	prefix string   // "{" + name + ":"; see take
+	bound  bool     // apply cfg.timeout to store calls
+	brk    *breaker // nil: no breaker
+	local  *store.Memory
+	// localLimit is the limit divided among replicas, for FailLocal.
+	localLimit store.Limit
 
 	keyErrors   atomic.Int64
 	storeErrors atomic.Int64
@@ -50,12 +55,15 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	}
 	l := &Limiter{store: s, limit: limit}
 	l.cfg = config{
-		keyFunc:        keyfuncs.PeerIP,
-		timeout:        DefaultTimeout,
-		policy:         FailOpen,
-		failStatus:     http.StatusServiceUnavailable,
-		failRetryAfter: time.Second,
-		profile:        headers.Default,
+		keyFunc:         keyfuncs.PeerIP,
+		timeout:         DefaultTimeout,
+		policy:          FailOpen,
+		failStatus:      http.StatusServiceUnavailable,
+		failRetryAfter:  time.Second,
+		profile:         headers.Default,
+		replicas:        1,
+		breakerFailures: DefaultBreakerFailures,
+		breakerCooldown: DefaultBreakerCooldown,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -71,7 +79,54 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	l.prefix = "{" + l.cfg.name + ":"
 	_, local := s.(*store.Memory) // decides in memory: nothing to wait for
 	l.bound = !local
+	if !l.cfg.loggerSet {
+		l.cfg.logger = slog.Default()
+	}
+	if l.bound && l.cfg.breakerFailures > 0 {
+		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
+	}
+	if l.cfg.policy == FailLocal {
+		// The same rate over n times the period: exactly 1/n of it.
+		l.localLimit = store.Limit{
+			Rate:   limit.Rate,
+			Period: limit.Period * time.Duration(l.cfg.replicas),
+			Burst:  max(1, limit.Burst/l.cfg.replicas),
+		}
+		if err := l.localLimit.Validate(); err != nil {
+			return nil, fmt.Errorf("middleware: WithReplicas(%d): %w", l.cfg.replicas, err)
+		}
+		// No sweeper goroutine, so nothing to close: full buckets are
+		// dropped as they are read and when a shard is at capacity.
+		l.local = store.NewMemory(store.WithSweepInterval(0))
+	}
 	return l, nil
+}
+
+// ErrBreakerOpen is wrapped by the error given to the error hook for a
+// decision that took the failure policy because the circuit breaker is open.
+var ErrBreakerOpen = errors.New("middleware: circuit breaker open")
+
+// BreakerState returns the state of the limiter's circuit breaker
+// (always BreakerClosed when it has none).
+func (l *Limiter) BreakerState() BreakerState {
+	if l.brk == nil {
+		return BreakerClosed
+	}
+	return BreakerState(l.brk.state.Load())
+}
+
+func (l *Limiter) breakerChanged(from, to BreakerState) {
+	if lg := l.cfg.logger; lg != nil {
+		level := slog.LevelInfo
+		if to == BreakerOpen {
+			level = slog.LevelWarn
+		}
+		lg.Log(context.Background(), level, "tollgate: circuit breaker "+to.String(),
+			"limiter", l.cfg.name, "from", from.String(), "to", to.String())
+	}
+	if l.cfg.onBreaker != nil {
+		l.cfg.onBreaker(l.cfg.name, from, to)
+	}
 }
 
 // DefaultName is the name a limiter takes from its limit unless [WithName]
@@ -143,7 +198,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		return
 	}
 
-	res, err := l.take(r.Context(), subject, cost)
+	res, err := l.decide(r.Context(), subject, cost)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client went away: nobody to answer, and not the store's fault
@@ -152,12 +207,17 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		if c.onError != nil {
 			c.onError(r, fmt.Errorf("middleware: %s: %w", c.name, err))
 		}
-		if c.policy == FailClosed && !c.dryRun {
+		switch {
+		case c.policy == FailClosed && !c.dryRun:
 			l.refuseFailed(w)
 			return
+		case c.policy == FailLocal:
+			res, err = l.local.Take(r.Context(), l.prefix+subject+"}", l.localLimit, cost)
 		}
-		next.ServeHTTP(w, r) // FailOpen: unlimited, no rate-limit headers
-		return
+		if err != nil { // FailOpen, or a cost the local share cannot hold
+			next.ServeHTTP(w, r) // unlimited, no rate-limit headers
+			return
+		}
 	}
 
 	if !c.dryRun && c.profile != 0 {
@@ -190,6 +250,22 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	l.writeDenied(w)
 }
 
+// decide asks the store through the circuit breaker.
+func (l *Limiter) decide(ctx context.Context, subject string, cost int) (store.Result, error) {
+	if l.brk == nil {
+		return l.take(ctx, subject, cost)
+	}
+	call, probe := l.brk.allow()
+	if !call {
+		return store.Result{}, ErrBreakerOpen
+	}
+	res, err := l.take(ctx, subject, cost)
+	// A client that went away says nothing about the store.
+	failed := err != nil && ctx.Err() == nil
+	l.brk.done(probe, failed)
+	return res, err
+}
+
 // take asks the store, within the timeout budget unless the store is local.
 //
 // The store key is "{<name>:<subject>}": braces make the whole key a Redis
@@ -210,8 +286,8 @@ func (l *Limiter) take(ctx context.Context, subject string, cost int) (store.Res
 func (l *Limiter) quota(res store.Result) headers.Quota {
 	return headers.Quota{
 		Name:      l.cfg.name,
-		Limit:     l.limit.Burst,
-		Window:    l.limit.Period,
+		Limit:     res.Limit.Burst, // the local share under FailLocal
+		Window:    res.Limit.Period,
 		Remaining: res.Remaining,
 		Reset:     NextToken(res),
 	}

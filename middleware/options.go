@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -29,6 +30,11 @@ const (
 	// where letting traffic through unlimited is worse than refusing it, such
 	// as a login endpoint.
 	FailClosed
+	// FailLocal decides on an in-process Memory store, under the limit
+	// divided by the replica count (see [WithReplicas]): each server keeps
+	// about its share of the limit while the shared store is down, and the
+	// shared store decides again once it answers.
+	FailLocal
 )
 
 func (p FailurePolicy) String() string {
@@ -37,6 +43,8 @@ func (p FailurePolicy) String() string {
 		return "FailOpen"
 	case FailClosed:
 		return "FailClosed"
+	case FailLocal:
+		return "FailLocal"
 	}
 	return fmt.Sprintf("FailurePolicy(%d)", int(p))
 }
@@ -71,6 +79,12 @@ type config struct {
 	onDenied        func(*http.Request, Decision)
 	onError         func(*http.Request, error)
 	timeoutExplicit bool
+	replicas        int
+	breakerFailures int
+	breakerCooldown time.Duration
+	onBreaker       func(name string, from, to BreakerState)
+	logger          *slog.Logger
+	loggerSet       bool
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
@@ -148,13 +162,65 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithFailurePolicy sets what happens when the store cannot decide (default
-// [FailOpen]).
+// [FailOpen]): [FailOpen], [FailClosed] or [FailLocal].
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) error {
-		if p != FailOpen && p != FailClosed {
+		if p != FailOpen && p != FailClosed && p != FailLocal {
 			return fmt.Errorf("WithFailurePolicy: unknown policy %v", p)
 		}
 		c.policy = p
+		return nil
+	}
+}
+
+// WithReplicas sets how many servers share the limit, for [FailLocal]
+// (default 1): each server then allows 1/n of the rate and of the burst
+// (at least 1 token) on its own while the shared store is down.
+func WithReplicas(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("WithReplicas: %d: at least 1", n)
+		}
+		c.replicas = n
+		return nil
+	}
+}
+
+// WithBreaker configures the circuit breaker in front of the store (default
+// [DefaultBreakerFailures] consecutive failures, [DefaultBreakerCooldown]).
+// After `failures` consecutive store errors or timeouts it opens: decisions
+// take the failure policy at once, without calling the store, so a dead
+// Redis costs no waiting per request. After `cooldown` one decision probes
+// the store; its success closes the breaker. failures 0 disables the
+// breaker. Transitions go to [WithOnBreaker] and to the logger
+// ([WithLogger]). The breaker does not apply to a Memory store.
+func WithBreaker(failures int, cooldown time.Duration) Option {
+	return func(c *config) error {
+		if failures < 0 {
+			return fmt.Errorf("WithBreaker: %d failures: must not be negative", failures)
+		}
+		if failures > 0 && cooldown <= 0 {
+			return fmt.Errorf("WithBreaker: cooldown %v: must be positive", cooldown)
+		}
+		c.breakerFailures, c.breakerCooldown = failures, cooldown
+		return nil
+	}
+}
+
+// WithOnBreaker sets a hook called on every transition of the circuit
+// breaker, with the limiter's name.
+func WithOnBreaker(fn func(name string, from, to BreakerState)) Option {
+	return func(c *config) error {
+		c.onBreaker = fn
+		return nil
+	}
+}
+
+// WithLogger sets where the limiter logs breaker transitions (default
+// [slog.Default]); nil logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		c.logger, c.loggerSet = l, true
 		return nil
 	}
 }

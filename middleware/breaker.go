@@ -1,0 +1,104 @@
+package middleware
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of the circuit breaker in front of the store (see [WithBreaker]).
+const (
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = time.Second
+)
+
+// BreakerState is the state of a limiter's circuit breaker.
+type BreakerState int32
+
+const (
+	// BreakerClosed: every decision goes to the store.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: the store failed repeatedly; decisions take the failure
+	// policy at once, without calling it, until the cooldown has passed.
+	BreakerOpen
+	// BreakerHalfOpen: one probe decision is on its way to the store; the
+	// others still take the failure policy. Its success closes the breaker,
+	// its failure opens it again.
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return "unknown"
+}
+
+// breaker is a consecutive-failure circuit breaker. Its closed path is one
+// atomic load, so a healthy store costs no lock per request.
+type breaker struct {
+	threshold int64
+	cooldown  time.Duration
+	onChange  func(from, to BreakerState)
+
+	state    atomic.Int32 // BreakerState
+	failures atomic.Int64 // consecutive, while closed
+	openedAt atomic.Int64 // UnixNano of the last opening
+}
+
+// allow reports whether a decision may call the store, and whether it is
+// the probe of a half-open breaker.
+func (b *breaker) allow() (call, probe bool) {
+	switch BreakerState(b.state.Load()) {
+	case BreakerClosed:
+		return true, false // the healthy path reads no clock
+	case BreakerOpen:
+		if time.Now().UnixNano()-b.openedAt.Load() < int64(b.cooldown) {
+			return false, false
+		}
+		if b.state.CompareAndSwap(int32(BreakerOpen), int32(BreakerHalfOpen)) {
+			b.changed(BreakerOpen, BreakerHalfOpen)
+			return true, true // this decision alone probes
+		}
+	}
+	return false, false
+}
+
+// done records the outcome of a store call that allow let through.
+func (b *breaker) done(probe, failed bool) {
+	switch {
+	case probe && failed:
+		b.open(BreakerHalfOpen)
+	case probe:
+		b.failures.Store(0)
+		if b.state.CompareAndSwap(int32(BreakerHalfOpen), int32(BreakerClosed)) {
+			b.changed(BreakerHalfOpen, BreakerClosed)
+		}
+	case failed:
+		if b.failures.Add(1) >= b.threshold {
+			b.open(BreakerClosed)
+		}
+	default:
+		if b.failures.Load() != 0 { // read first: no write per healthy request
+			b.failures.Store(0)
+		}
+	}
+}
+
+func (b *breaker) open(from BreakerState) {
+	b.openedAt.Store(time.Now().UnixNano())
+	if b.state.CompareAndSwap(int32(from), int32(BreakerOpen)) {
+		b.failures.Store(0)
+		b.changed(from, BreakerOpen)
+	}
+}
+
+func (b *breaker) changed(from, to BreakerState) {
+	if b.onChange != nil {
+		b.onChange(from, to)
+	}
+}

@@ -1,0 +1,219 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/keyfuncs"
+	"github.com/tollgate-go/tollgate/middleware"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// flakyStore fails every Take while down is set, and counts the calls.
+type flakyStore struct {
+	store.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *flakyStore) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return store.Result{}, errors.New("store down")
+	}
+	return f.Store.Take(ctx, key, lim, cost)
+}
+
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	fs := &flakyStore{Store: m}
+	var mu sync.Mutex
+	var transitions []string
+	var breakerErrs atomic.Int64
+	l := mustNew(t, fs, store.PerSecond(1000), middleware.WithBreaker(3, 100*time.Millisecond),
+		middleware.WithOnBreaker(func(name string, from, to middleware.BreakerState) {
+			mu.Lock()
+			transitions = append(transitions, from.String()+"->"+to.String())
+			mu.Unlock()
+		}),
+		middleware.WithOnError(func(_ *http.Request, err error) {
+			if errors.Is(err, middleware.ErrBreakerOpen) {
+				breakerErrs.Add(1)
+			}
+		}))
+	h := l.Handler(okHandler)
+	serve := func() int {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		return w.Code
+	}
+	fs.down.Store(true)
+	for range 10 {
+		if code := serve(); code != 200 {
+			t.Fatalf("FailOpen while down: %d", code)
+		}
+	}
+	if got := fs.calls.Load(); got != 3 {
+		t.Errorf("store called %d times for 10 requests; want 3, then the breaker open", got)
+	}
+	if l.BreakerState() != middleware.BreakerOpen || breakerErrs.Load() != 7 {
+		t.Errorf("state %v, %d ErrBreakerOpen; want open and 7", l.BreakerState(), breakerErrs.Load())
+	}
+	time.Sleep(120 * time.Millisecond)
+	serve() // the probe: still down
+	if got := fs.calls.Load(); got != 4 || l.BreakerState() != middleware.BreakerOpen {
+		t.Errorf("after the cooldown: %d calls, state %v; want one probe (4) and open again", got, l.BreakerState())
+	}
+	fs.down.Store(false)
+	time.Sleep(120 * time.Millisecond)
+	serve() // the probe succeeds
+	if l.BreakerState() != middleware.BreakerClosed {
+		t.Errorf("after a successful probe: %v, want closed", l.BreakerState())
+	}
+	serve()
+	if got := fs.calls.Load(); got != 6 {
+		t.Errorf("closed again: %d calls, want 6", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}
+	if len(transitions) != len(want) {
+		t.Fatalf("transitions %v, want %v", transitions, want)
+	}
+	for i := range want {
+		if transitions[i] != want[i] {
+			t.Fatalf("transitions %v, want %v", transitions, want)
+		}
+	}
+}
+
+func TestBreakerDisabled(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	fs := &flakyStore{Store: m}
+	fs.down.Store(true)
+	l := mustNew(t, fs, store.PerSecond(10), middleware.WithBreaker(0, 0))
+	for range 10 {
+		l.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	if fs.calls.Load() != 10 {
+		t.Errorf("without a breaker: %d calls, want 10", fs.calls.Load())
+	}
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[int(float64(len(s)-1)*p)]
+}
+
+// TestRedisHungFailOpen stops a real redis-server with SIGSTOP: every request
+// is answered within the budget, the breaker makes the rest cheap, and
+// limiting resumes after SIGCONT.
+func TestRedisHungFailOpen(t *testing.T) {
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to stop")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
+	t.Cleanup(func() { rdb.Close() })
+	const budget = 50 * time.Millisecond
+	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), store.PerMinute(1000),
+		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), middleware.WithLogger(nil),
+		middleware.WithKeyFunc(keyfuncs.Static("hung")))
+	h := l.Handler(okHandler)
+	serve := func() (int, string, time.Duration) {
+		w := httptest.NewRecorder()
+		start := time.Now()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		return w.Code, w.Header().Get("RateLimit"), time.Since(start)
+	}
+	if code, rl, _ := serve(); code != 200 || rl == "" {
+		t.Fatalf("healthy: %d %q", code, rl)
+	}
+
+	srv.Pause()
+	var lat []time.Duration
+	for range 500 {
+		code, rl, d := serve()
+		if code != 200 || rl != "" {
+			t.Fatalf("hung Redis, FailOpen: %d RateLimit %q; want 200 without headers", code, rl)
+		}
+		lat = append(lat, d)
+	}
+	p99, max := percentile(lat, 0.99), percentile(lat, 1)
+	afterOpen := lat[10:] // the breaker opened after 5 failures; probes come every 500ms
+	t.Logf("hung Redis, 500 requests: p50 %v, p99 %v, max %v; after the breaker opened: p50 %v",
+		percentile(lat, 0.5), p99, max, percentile(afterOpen, 0.5))
+	if max > budget+20*time.Millisecond {
+		t.Errorf("slowest request %v; want within budget %v + 20ms", max, budget)
+	}
+	if p50 := percentile(afterOpen, 0.5); p50 > time.Millisecond {
+		t.Errorf("with the breaker open, median latency %v; want under 1ms", p50)
+	}
+	if l.BreakerState() == middleware.BreakerClosed {
+		t.Errorf("breaker closed while Redis hangs")
+	}
+
+	srv.Resume()
+	resumed := time.Now()
+	for {
+		if _, rl, _ := serve(); rl != "" {
+			break
+		}
+		if time.Since(resumed) > 2*time.Second {
+			t.Fatalf("limiting did not resume within 2s of SIGCONT (breaker %v)", l.BreakerState())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("limiting resumed %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
+}
+
+// TestFailLocalHoldsShare: with Redis hung, FailLocal holds one instance to
+// its share of the limit.
+func TestFailLocalHoldsShare(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	lim := store.Limit{Rate: 40, Period: time.Minute, Burst: 40}
+	l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
+		middleware.WithFailurePolicy(middleware.FailLocal), middleware.WithReplicas(4),
+		middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
+		middleware.WithKeyFunc(keyfuncs.Static("everyone")))
+	h := l.Handler(okHandler)
+	allowed, denied := 0, 0
+	var last *httptest.ResponseRecorder
+	for range 50 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		switch w.Code {
+		case 200:
+			allowed++
+		case 429:
+			denied++
+			last = w
+		default:
+			t.Fatalf("status %d", w.Code)
+		}
+	}
+	t.Logf("FailLocal, 4 replicas, limit 40/min: this instance allowed %d of 50 during the outage", allowed)
+	if allowed != 10 || denied != 40 {
+		t.Errorf("allowed %d, denied %d; want 10 (40/4) and 40", allowed, denied)
+	}
+	if got := last.Header().Get("RateLimit-Policy"); got != `"api";q=10;w=240` {
+		t.Errorf("RateLimit-Policy during FailLocal %q; want the local share", got)
+	}
+	if got := last.Header().Get("Retry-After"); got != "6" {
+		t.Errorf("Retry-After %q, want 6 (a token every 6s locally)", got)
+	}
+}
