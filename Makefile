@@ -7,7 +7,7 @@ PKGS        := ./...
 BENCHCOUNT  ?= 6
 BENCHTIME   ?= 1s
 
-.PHONY: test fmt vet lint race bench benchstat fuzz
+.PHONY: test fmt vet lint race bench benchstat fuzz test-faults
 
 ## test: everything CI runs — formatting, vet, staticcheck, and the race-enabled
 ## tests, which start real redis-server processes (a single node and a Cluster).
@@ -42,3 +42,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClientIP$$' -fuzztime $(FUZZTIME) ./keyfuncs
 	$(GO) test -run '^$$' -fuzz '^FuzzWrite$$' -fuzztime $(FUZZTIME) ./headers
 	$(GO) test -run '^$$' -fuzz '^FuzzParseList$$' -fuzztime $(FUZZTIME) ./headers
+
+## test-faults: the fault tests alone (real redis-server processes killed,
+## stopped and failed over); they also run in `make test`.
+test-faults:
+	$(GO) test -race -count=1 -run 'TestFault|TestRedisHung|TestFailLocal|TestBreaker|TestStoreFailure' -v . ./middleware

@@ -36,6 +36,8 @@ type Redis struct {
 	// ctxDeadlines is true when the client's socket I/O ends at the
 	// context's deadline (ContextTimeoutEnabled); otherwise Take enforces it.
 	ctxDeadlines bool
+	// cluster is the client when it is a Cluster client: see take.
+	cluster *redis.ClusterClient
 }
 
 var errNilClient = errors.New("NewRedis was given a nil client")
@@ -55,6 +57,7 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	r := &Redis{prefix: DefaultKeyPrefix}
 	if client != nil { // a nil client is an error from every Take, not a panic
 		r.client, r.ctxDeadlines = client, honorsDeadlines(client)
+		r.cluster, _ = client.(*redis.ClusterClient)
 	}
 	for _, o := range opts {
 		o(r)
@@ -123,6 +126,14 @@ func (r *Redis) take(ctx context.Context, key string, p *params, limit Limit, co
 		reply, err = r.client.Eval(ctx, lua.TokenBucket, keys, args...).Result()
 	}
 	if err != nil {
+		var rerr redis.Error
+		if r.cluster != nil && !errors.As(err, &rerr) {
+			// A master that died answers no MOVED: go-redis would keep
+			// sending its slots there until its slot map is 10s old. Ask
+			// for a reload now (asynchronous, coalesced by go-redis), so
+			// the slots follow the promoted replica as soon as it is up.
+			r.cluster.ReloadState(ctx)
+		}
 		return Result{}, fmt.Errorf("store: take %q: %w", key, err)
 	}
 	res, err := parseReply(reply)
