@@ -180,40 +180,46 @@ func TestRedisHungFailOpen(t *testing.T) {
 	t.Logf("limiting resumed %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
 }
 
-// TestFailLocalHoldsShare: with Redis hung, FailLocal holds one instance to
-// its share of the limit.
+// TestFailLocalHoldsShare: with Redis hung, FailLocal holds each of 4
+// instances (4 app servers) to its share of the limit, and together to the
+// limit.
 func TestFailLocalHoldsShare(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
+	addr := redistest.HangingAddr(t)
 	lim := store.Limit{Rate: 40, Period: time.Minute, Burst: 40}
-	l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
-		middleware.WithFailurePolicy(middleware.FailLocal), middleware.WithReplicas(4),
-		middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
-		middleware.WithKeyFunc(keyfuncs.Static("everyone")))
-	h := l.Handler(okHandler)
-	allowed, denied := 0, 0
-	var last *httptest.ResponseRecorder
-	for range 50 {
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
-		switch w.Code {
-		case 200:
-			allowed++
-		case 429:
-			denied++
-			last = w
-		default:
-			t.Fatalf("status %d", w.Code)
+	total := 0
+	for instance := range 4 {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
+			middleware.WithFailurePolicy(middleware.FailLocal), middleware.WithReplicas(4),
+			middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
+			middleware.WithKeyFunc(keyfuncs.Static("everyone")))
+		h := l.Handler(okHandler)
+		allowed, denied := 0, 0
+		var last *httptest.ResponseRecorder
+		for range 50 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			switch w.Code {
+			case 200:
+				allowed++
+			case 429:
+				denied++
+				last = w
+			default:
+				t.Fatalf("instance %d: status %d", instance, w.Code)
+			}
+		}
+		total += allowed
+		if allowed != 10 || denied != 40 {
+			t.Errorf("instance %d: allowed %d, denied %d; want 10 (40/4) and 40", instance, allowed, denied)
+		}
+		if got := last.Header().Get("RateLimit-Policy"); got != `"api";q=10;w=240` {
+			t.Errorf("RateLimit-Policy during FailLocal %q; want the local share", got)
+		}
+		if got := last.Header().Get("Retry-After"); got != "6" {
+			t.Errorf("Retry-After %q, want 6 (a token every 6s locally)", got)
 		}
 	}
-	t.Logf("FailLocal, 4 replicas, limit 40/min: this instance allowed %d of 50 during the outage", allowed)
-	if allowed != 10 || denied != 40 {
-		t.Errorf("allowed %d, denied %d; want 10 (40/4) and 40", allowed, denied)
-	}
-	if got := last.Header().Get("RateLimit-Policy"); got != `"api";q=10;w=240` {
-		t.Errorf("RateLimit-Policy during FailLocal %q; want the local share", got)
-	}
-	if got := last.Header().Get("Retry-After"); got != "6" {
-		t.Errorf("Retry-After %q, want 6 (a token every 6s locally)", got)
-	}
+	t.Logf("FailLocal, 4 instances, limit 40/min, Redis hanging: each allowed 10 of 50, together %d (limit 40)", total)
 }
