@@ -1,11 +1,15 @@
 package middleware_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,7 +45,10 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	var mu sync.Mutex
 	var transitions []string
 	var breakerErrs atomic.Int64
-	l := mustNew(t, fs, store.PerSecond(1000), middleware.WithBreaker(3, 100*time.Millisecond),
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logged, mu: &logMu}, nil))
+	l := mustNew(t, fs, store.PerSecond(1000), middleware.WithBreaker(3, 100*time.Millisecond), middleware.WithLogger(logger),
 		middleware.WithOnBreaker(func(name string, from, to middleware.BreakerState) {
 			mu.Lock()
 			transitions = append(transitions, from.String()+"->"+to.String())
@@ -85,6 +92,12 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	if got := fs.calls.Load(); got != 6 {
 		t.Errorf("closed again: %d calls, want 6", got)
 	}
+	logMu.Lock()
+	if n := strings.Count(logged.String(), "tollgate: circuit breaker"); n != 5 ||
+		!strings.Contains(logged.String(), "level=WARN msg=\"tollgate: circuit breaker open\" limiter=1000-per-1s from=closed to=open") {
+		t.Errorf("slog got %d transitions:\n%s", n, logged.String())
+	}
+	logMu.Unlock()
 	mu.Lock()
 	defer mu.Unlock()
 	want := []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}
@@ -96,6 +109,17 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("transitions %v, want %v", transitions, want)
 		}
 	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestBreakerDisabled(t *testing.T) {
