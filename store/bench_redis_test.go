@@ -12,36 +12,42 @@ import (
 )
 
 // BenchmarkRedisTake decides on a real redis-server started for the
-// benchmark, from 1 goroutine and from 64.
+// benchmark, from 1 goroutine and from 64, with batching (the default, 4
+// pipelines in flight), with 1 pipeline in flight, and without batching.
 func BenchmarkRedisTake(b *testing.B) {
 	srv := redistest.Server(b)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
 	b.Cleanup(func() { client.Close() })
-	s := store.NewRedis(client)
 	ctx := context.Background()
-	if _, err := s.Take(ctx, "warm", benchLimit, 1); err != nil {
-		b.Fatal(err)
-	}
-	b.Run("goroutines=1", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := range b.N {
-			if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
-				b.Fatal(err)
-			}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"batch=4", store.DefaultBatchPipelines}, {"batch=1", 1}, {"batch=off", 0}} {
+		s := store.NewRedis(client, store.WithBatching(v.n))
+		if _, err := s.Take(ctx, "warm", benchLimit, 1); err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("goroutines=64", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-		b.RunParallel(func(pb *testing.PB) {
-			i := 0
-			for pb.Next() {
+		b.Run(v.name+"/goroutines=1", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := range b.N {
 				if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
-					b.Error(err)
-					return
+					b.Fatal(err)
 				}
-				i += 7
 			}
 		})
-	})
+		b.Run(v.name+"/goroutines=64", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
+						b.Error(err)
+						return
+					}
+					i += 7
+				}
+			})
+		})
+	}
 }

@@ -227,8 +227,8 @@ func (panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (panicHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
 	return func(context.Context, redis.Cmder) error { panic("hook exploded") }
 }
-func (panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func (panicHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(context.Context, []redis.Cmder) error { panic("hook exploded") }
 }
 
 func TestRedisTakeNeverPanics(t *testing.T) {
@@ -240,10 +240,13 @@ func TestRedisTakeNeverPanics(t *testing.T) {
 	}
 	_, client, _ := newMiniredis(t)
 	client.AddHook(panicHook{})
-	// With a deadline and a client that ignores it, Take runs the call on a
+	// With batching, calls run on the batcher's goroutines; without, with
+	// a deadline and a client that ignores it, Take runs the call on a
 	// goroutine of its own: a panic there must come back as an error.
-	r, err = store.NewRedis(client).Take(ctx, "k", store.PerSecond(1), 1)
-	if err == nil || !strings.Contains(err.Error(), "panic: hook exploded") {
-		t.Errorf("Take through a panicking hook = %+v, %v; want the panic as an error", r, err)
+	for _, n := range []int{store.DefaultBatchPipelines, 0} {
+		r, err = store.NewRedis(client, store.WithBatching(n)).Take(ctx, "k", store.PerSecond(1), 1)
+		if err == nil || !strings.Contains(err.Error(), "panic: hook exploded") {
+			t.Errorf("WithBatching(%d): Take through a panicking hook = %+v, %v; want the panic as an error", n, r, err)
+		}
 	}
 }

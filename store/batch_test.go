@@ -1,0 +1,294 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/internal/leaktest"
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/internal/storetest"
+	"github.com/tollgate-go/tollgate/lua"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// pipeCounter is a client hook that counts the writes of script calls (a
+// single command or a pipeline), the calls in them, and the most writes in
+// flight at once.
+type pipeCounter struct {
+	sends, calls          atomic.Int64
+	inFlight, maxInFlight atomic.Int64
+	mu                    sync.Mutex
+	sizes                 map[int]int
+}
+
+func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+func (h *pipeCounter) count(n int) func() {
+	atomicMax(&h.maxInFlight, h.inFlight.Add(1))
+	h.sends.Add(1)
+	h.calls.Add(int64(n))
+	h.mu.Lock()
+	if h.sizes == nil {
+		h.sizes = map[int]int{}
+	}
+	h.sizes[n]++
+	h.mu.Unlock()
+	return func() { h.inFlight.Add(-1) }
+}
+
+func (h *pipeCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			defer h.count(1)()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if isScript(cmds[0]) { // not the connection's handshake
+			defer h.count(len(cmds))()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func atomicMax(a *atomic.Int64, n int64) {
+	for {
+		m := a.Load()
+		if n <= m || a.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func TestConformanceRedisServerUnbatched(t *testing.T) {
+	t.Parallel()
+	client := redistest.Server(t).Client(t)
+	storetest.Run(t, storetest.Harness{
+		New:   func(t *testing.T) store.Store { return store.NewRedis(client, store.WithBatching(0)) },
+		Slack: 50 * time.Millisecond,
+	})
+}
+
+// Serial Takes leave one by one, at once: batching adds no linger.
+func TestBatchingSerialGoesAlone(t *testing.T) {
+	leaktest.Check(t)
+	client := redistest.Server(t).Client(t)
+	if err := client.ScriptLoad(context.Background(), lua.TokenBucket).Err(); err != nil {
+		t.Fatal(err) // so that no EVAL follows a NOSCRIPT below
+	}
+	h := &pipeCounter{}
+	client.AddHook(h)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"))
+	ctx := context.Background()
+	for i := range 50 {
+		res, err := s.Take(ctx, "k", store.PerMinute(100), 1)
+		if err != nil || !res.Allowed || res.Remaining != 99-i {
+			t.Fatalf("Take %d = %+v, %v; want allowed, remaining %d", i, res, err, 99-i)
+		}
+	}
+	if n, c := h.sends.Load(), h.calls.Load(); n != 50 || c != 50 {
+		t.Errorf("50 serial Takes went out in %d writes of %d script calls; want 50 of 1", n, c)
+	}
+}
+
+// Concurrent Takes are coalesced into fewer pipelines than Takes, never
+// more than the configured number in flight, and every caller gets the
+// answer for its own key and limit.
+func TestBatchingCoalescesAndRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		client    func(t *testing.T) redis.UniversalClient
+		pipelines int
+		nodes     int
+	}{
+		{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }, 2, 1},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }, 2, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaktest.Check(t)
+			client := tc.client(t)
+			h := &pipeCounter{}
+			if cc, ok := client.(*redis.ClusterClient); ok {
+				// Batches go to each master's own client.
+				cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+			} else {
+				client.AddHook(h)
+			}
+			// So that no EVAL follows a NOSCRIPT below.
+			if err := client.ScriptLoad(context.Background(), lua.TokenBucket).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(tc.pipelines))
+			const goroutines, rounds = 64, 20
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			errs := make(chan error, goroutines)
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					// Each goroutine has its own key and its own burst, so
+					// a misrouted answer shows in Remaining.
+					limit := store.Limit{Rate: 1, Period: time.Hour, Burst: 100 + g}
+					for i := range rounds {
+						res, err := s.Take(ctx, fmt.Sprintf("g%d", g), limit, 1)
+						if want := 100 + g - 1 - i; err != nil || !res.Allowed || res.Remaining != want || res.Limit != limit {
+							errs <- fmt.Errorf("goroutine %d, Take %d = %+v, %v; want allowed, remaining %d", g, i, res, err, want)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			takes, sends := int64(goroutines*rounds), h.sends.Load()
+			t.Logf("%d Takes in %d writes (%.1f per write), at most %d in flight; calls per write: %v",
+				takes, sends, float64(h.calls.Load())/float64(sends), h.maxInFlight.Load(), h.sizes)
+			if h.calls.Load() != takes {
+				t.Errorf("%d script calls were sent; want one per Take, %d", h.calls.Load(), takes)
+			}
+			if sends >= takes {
+				t.Errorf("%d Takes from %d goroutines went out in %d writes: nothing was coalesced", takes, goroutines, sends)
+			}
+			if max := int64(tc.pipelines * tc.nodes); h.maxInFlight.Load() > max {
+				t.Errorf("%d writes in flight at once; want at most %d (%d per node)", h.maxInFlight.Load(), max, tc.pipelines)
+			}
+		})
+	}
+}
+
+// A Take whose caller gave up while it waited in the queue is never sent,
+// so it spends no token.
+func TestBatchingDropsAbandonedCalls(t *testing.T) {
+	leaktest.Check(t)
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a server of its own to pause")
+	}
+	client := srv.Client(t)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	limit := store.PerMinute(10)
+	if _, err := s.Take(context.Background(), "warm", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	// The only pipeline in flight hangs on the paused server...
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := s.Take(ctx, "first", limit, 1)
+		first <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	// ...so these wait in the queue until their deadline.
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := s.Take(ctx, "abandoned", limit, 1)
+		cancel()
+		if err == nil {
+			t.Fatal("a Take on a paused server answered")
+		}
+	}
+	srv.Resume()
+	resumed = true
+	if err := <-first; err != nil {
+		t.Fatalf("the Take in flight: %v", err)
+	}
+	// The queue has been drained by now; the abandoned Takes were dropped.
+	time.Sleep(50 * time.Millisecond)
+	res, err := s.Take(context.Background(), "abandoned", limit, 0)
+	if err != nil || res.Remaining != limit.Burst {
+		t.Errorf("after 5 abandoned Takes the bucket = %+v, %v; want full (%d)", res, err, limit.Burst)
+	}
+}
+
+// On a Cluster, batches are per master: a hung master holds up only the
+// keys it serves.
+func TestBatchingClusterNodeIsolation(t *testing.T) {
+	cl := redistest.Cluster(t)
+	client := cl.Client(t)
+	prefix := t.Name() + ":"
+	s := store.NewRedis(client, store.WithKeyPrefix(prefix), store.WithBatching(2))
+	limit := store.PerSecond(1000)
+	// One key per master.
+	byMaster := map[string]string{}
+	for i := 0; len(byMaster) < 3 && i < 1000; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if m := cl.MasterFor(prefix + k); byMaster[m.Addr] == "" {
+			byMaster[m.Addr] = k
+		}
+	}
+	var victim *redistest.Instance
+	var healthy []string
+	for _, k := range byMaster {
+		if victim == nil {
+			victim = cl.MasterFor(prefix + k)
+			continue
+		}
+		healthy = append(healthy, k)
+	}
+	for _, k := range byMaster {
+		if _, err := s.Take(context.Background(), k, limit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victimKey := byMaster[victim.Addr]
+	victim.Pause()
+	defer victim.Resume()
+	var wg sync.WaitGroup
+	var slowest atomic.Int64
+	var failures atomic.Int64
+	// Flood the hung master's key so its pipelines stay stuck...
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, _ = s.Take(ctx, victimKey, limit, 1)
+		}()
+	}
+	// ...while the other masters' keys are decided promptly.
+	for _, k := range healthy {
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				defer cancel()
+				start := time.Now()
+				if _, err := s.Take(ctx, k, limit, 1); err != nil {
+					failures.Add(1)
+				}
+				atomicMax(&slowest, int64(time.Since(start)))
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("healthy masters' keys: slowest %v, %d failures", time.Duration(slowest.Load()), failures.Load())
+	if failures.Load() != 0 {
+		t.Errorf("%d Takes on healthy masters failed while another master hung; want 0", failures.Load())
+	}
+	if d := time.Duration(slowest.Load()); d > 150*time.Millisecond {
+		t.Errorf("a Take on a healthy master took %v while another master hung; want it unaffected", d)
+	}
+}
