@@ -6,23 +6,33 @@
 //
 // [TokenBucket] is a token bucket kept as GCRA state (the bucket's
 // theoretical arrival time, one integer per key) and decided in one atomic
-// call on Redis's own clock (TIME). It is run as
+// call on Redis's own clock (TIME). For one bucket it is run as
 //
 //	EVALSHA <TokenBucketSHA1> 1 <key> <rate> <period_us> <burst> <cost>
 //
 // where rate tokens are added per period_us microseconds to a bucket of
 // capacity burst, and cost tokens are taken when all of them are there.
 // All four arguments are integers; rate, period_us and burst are at least 1,
-// 0 <= cost <= burst, and burst*rate and burst*ceil(period_us/rate) are at
-// most 2^50.
+// -burst <= cost <= burst, and burst*rate and burst*ceil(period_us/rate) are
+// at most 2^50. A negative cost gives -cost tokens back (a refund), never
+// above capacity.
 //
 // The reply is an array of four integers:
 //
-//	[1] allowed         1 if the cost was taken (always 1 when cost is 0), else 0
+//	[1] allowed         1 if the cost was taken (always 1 when cost <= 0), else 0
 //	[2] remaining       whole tokens left after the decision
-//	[3] retry_after_us  when denied, microseconds until cost tokens are there
-//	                    (rounded up); 0 when allowed
+//	[3] retry_after_us  microseconds until the bucket holds cost tokens
+//	                    (rounded up); 0 when it holds them now
 //	[4] reset_after_us  microseconds until the bucket is full again (rounded up)
+//
+// Several buckets are decided together, all or nothing, by passing n keys
+// and four arguments per key in the same order:
+//
+//	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <rate1> <period_us1> <burst1> <cost1> ... <costn>
+//
+// The tokens are taken from every bucket if every bucket has them, else
+// from none; the reply holds four integers per key, in KEYS order, with the
+// same allowed in each. On Redis Cluster the keys must share a {hash tag}.
 //
 // A denied decision writes nothing, and cost 0 only reads. Every write sets
 // the key's expiry to the time until the bucket is full again, so no key

@@ -37,34 +37,50 @@ type batcher struct {
 	active int
 }
 
-// A call is one Take waiting in a batcher.
+// A call is one script call: a Take (one key) or a TakeAll group (several
+// keys sharing a hash tag).
 type call struct {
 	ctx  context.Context
-	key  string    // the caller's key, for errors
-	rkey string    // the Redis key
-	keys [1]string // rkey, as the script's KEYS
-	args [4]any
-	res  Result
+	key  string   // the caller's first key, for errors
+	keys []string // the script's KEYS
+	args []any    // 4 per key
+	res  []Result // one per key, filled in by the call
 	err  error
-	done chan struct{} // closed when res and err are set
+	done chan struct{} // signalled when res and err are set
+
+	// Backing arrays for a one-key call, so that a Take allocates none.
+	keys1 [1]string
+	args1 [4]any
+	res1  [1]Result
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// do queues c and waits until it is answered or ctx ends. When nothing is
-// queued and a pipeline slot is free, and direct is true (the client ends
-// its I/O at ctx's deadline, or ctx has none), the caller sends its call
-// itself: at low load a Take costs no hand-over to another goroutine.
-func (b *batcher) do(ctx context.Context, c *call, direct bool) (Result, error) {
+func newCall(ctx context.Context, key string) *call {
+	c := callPool.Get().(*call)
+	c.ctx, c.key = ctx, key
+	return c
+}
+
+// release returns c to the pool. Only the caller does, and only when no
+// worker still holds c.
+func (c *call) release() {
+	*c = call{done: c.done}
+	callPool.Put(c)
+}
+
+// do queues c and waits until it is answered or ctx ends; abandoned is true
+// when ctx ended first (a worker still holds c). When nothing is queued and
+// a pipeline slot is free, and direct is true (the client ends its I/O at
+// ctx's deadline, or ctx has none), the caller sends its call itself: at low
+// load a call costs no hand-over to another goroutine.
+func (b *batcher) do(ctx context.Context, c *call, direct bool) (err error, abandoned bool) {
 	b.mu.Lock()
 	if direct && len(b.queue) == 0 && b.active < b.max {
 		b.active++
 		b.mu.Unlock()
 		defer b.release()
-		res, err := b.r.single(ctx, c.key, c.rkey, c.args[:])
-		*c = call{done: c.done}
-		callPool.Put(c)
-		return res, err
+		return b.r.run(ctx, c), false
 	}
 	b.queue = append(b.queue, c)
 	start := b.active < b.max
@@ -77,14 +93,9 @@ func (b *batcher) do(ctx context.Context, c *call, direct bool) (Result, error) 
 	}
 	select {
 	case <-c.done:
-		res, err := c.res, c.err
-		*c = call{done: c.done}
-		callPool.Put(c)
-		return res, err
+		return c.err, false
 	case <-ctx.Done():
-		// The worker still owns c and will answer into its buffered
-		// channel; c is not reused.
-		return Result{}, fmt.Errorf("store: take %q: %w", c.key, ctx.Err())
+		return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), true
 	}
 }
 
@@ -127,7 +138,7 @@ func (b *batcher) send(batch []*call) {
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			// Its caller has gone: do not spend a token it will not use.
-			c.answer(Result{}, fmt.Errorf("store: take %q: %w", c.key, err))
+			c.answer(fmt.Errorf("store: take %q: %w", c.key, err))
 			continue
 		}
 		live = append(live, c)
@@ -135,30 +146,30 @@ func (b *batcher) send(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	out := b.run(live)
+	errs := b.run(live)
 	for i, c := range live {
-		c.answer(out[i].res, out[i].err)
+		c.answer(errs[i])
 	}
 }
 
 // run sends calls in one pipeline (and those that met NOSCRIPT in a
-// second, as EVAL) and returns their answers in order.
-func (b *batcher) run(calls []*call) (out []takeResult) {
-	out = make([]takeResult, len(calls))
+// second, as EVAL), fills in their results and returns their errors.
+func (b *batcher) run(calls []*call) (errs []error) {
+	errs = make([]error, len(calls))
 	defer func() {
 		// A panic here (a client's hook, say) would end the process: no
 		// handler can recover it on this goroutine. Every call gets it as
 		// its error.
 		if v := recover(); v != nil {
 			for i, c := range calls {
-				out[i] = takeResult{err: fmt.Errorf("store: take %q: panic: %v", c.key, v)}
+				errs[i] = fmt.Errorf("store: take %q: panic: %v", c.key, v)
 			}
 		}
 	}()
 	ctx, cancel := batchContext(calls)
 	defer cancel()
 	cmds := b.pipeline(ctx, calls, func(p redis.Pipeliner, c *call) *redis.Cmd {
-		return p.EvalSha(ctx, lua.TokenBucketSHA1, c.keys[:], c.args[:]...)
+		return p.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.args...)
 	})
 	var again []int
 	for i, c := range calls {
@@ -166,7 +177,7 @@ func (b *batcher) run(calls []*call) (out []takeResult) {
 			again = append(again, i)
 			continue
 		}
-		out[i] = b.result(ctx, c, cmds[i])
+		errs[i] = b.result(ctx, c, cmds[i])
 	}
 	if len(again) > 0 {
 		retry := make([]*call, len(again))
@@ -174,13 +185,13 @@ func (b *batcher) run(calls []*call) (out []takeResult) {
 			retry[j] = calls[i]
 		}
 		cmds = b.pipeline(ctx, retry, func(p redis.Pipeliner, c *call) *redis.Cmd {
-			return p.Eval(ctx, lua.TokenBucket, c.keys[:], c.args[:]...)
+			return p.Eval(ctx, lua.TokenBucket, c.keys, c.args...)
 		})
 		for j, i := range again {
-			out[i] = b.result(ctx, calls[i], cmds[j])
+			errs[i] = b.result(ctx, calls[i], cmds[j])
 		}
 	}
-	return out
+	return errs
 }
 
 func (b *batcher) pipeline(ctx context.Context, calls []*call, add func(redis.Pipeliner, *call) *redis.Cmd) []*redis.Cmd {
@@ -204,25 +215,23 @@ func (b *batcher) pipeline(ctx context.Context, calls []*call, add func(redis.Pi
 // result reads c's answer from its command. On a Cluster node, a reply that
 // sends the key elsewhere (MOVED, ASK, a node going down) is retried alone
 // through the Cluster client, which follows redirections.
-func (b *batcher) result(ctx context.Context, c *call, cmd *redis.Cmd) takeResult {
+func (b *batcher) result(ctx context.Context, c *call, cmd *redis.Cmd) error {
 	err := cmd.Err()
 	if err != nil && b.r.cluster != nil && isRedirect(err) {
-		res, err := b.r.single(c.ctx, c.key, c.rkey, c.args[:])
-		return takeResult{res, err}
+		return b.r.run(c.ctx, c)
 	}
 	if err != nil {
 		b.r.failed(ctx, err)
-		return takeResult{err: fmt.Errorf("store: take %q: %w", c.key, err)}
+		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
-	res, err := parseReply(cmd.Val())
-	if err != nil {
-		return takeResult{err: fmt.Errorf("store: take %q: %w", c.key, err)}
+	if err := parseReply(cmd.Val(), c.res); err != nil {
+		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
-	return takeResult{res: res}
+	return nil
 }
 
-func (c *call) answer(res Result, err error) {
-	c.res, c.err = res, err
+func (c *call) answer(err error) {
+	c.err = err
 	c.done <- struct{}{}
 }
 

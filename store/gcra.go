@@ -102,8 +102,17 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 	if !debt.le(capacity) {
 		debt = capacity // state left by a larger limit: read as an empty bucket
 	}
-	next := p.add(debt, p.times(cost))
-	if cost == 0 || next.le(capacity) {
+	if cost < 0 { // a refund: give -cost tokens back, never above capacity
+		res.Allowed = true
+		if back := p.times(-cost); back.le(debt) {
+			debt = p.sub(debt, back)
+		} else {
+			debt = span{}
+		}
+		if debt != (span{}) {
+			nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
+		}
+	} else if next := p.add(debt, p.times(cost)); cost == 0 || next.le(capacity) {
 		res.Allowed = true
 		if cost > 0 {
 			debt = next

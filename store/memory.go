@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,6 +148,37 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Res
 		sh.mu.Unlock()
 		return Result{}, costError(key, limit, cost)
 	}
+	return m.decide(sh, key, limit, now, cost), nil
+}
+
+// Refund implements [Refunder].
+func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (Result, error) {
+	if err := limit.Validate(); err != nil {
+		return Result{}, err
+	}
+	if tokens < 0 || tokens > limit.Burst {
+		return Result{}, refundError(key, limit, tokens)
+	}
+	if len(key) > maxKeyLen {
+		key = hashKey(key)
+	}
+	now := m.nowUs()
+	sh := &m.shards[shardOf(key)&m.mask]
+	sh.mu.Lock()
+	if !sh.cached || limit != sh.limit {
+		sh.limit, sh.params, sh.cached = limit, mustParams(limit), true
+	}
+	return m.decide(sh, key, limit, now, -tokens), nil
+}
+
+func mustParams(l Limit) params {
+	p, _ := l.params() // validated by the caller
+	return p
+}
+
+// decide runs one decision on shard sh, whose lock the caller holds and
+// whose params are limit's; it unlocks sh.
+func (m *Memory) decide(sh *memShard, key string, limit Limit, now int64, cost int) Result {
 	res := Result{Limit: limit}
 	b, ok := sh.m[key]
 	var cur bucket
@@ -168,7 +200,7 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Res
 		delete(sh.m, key) // full again: a missing key is a full bucket
 	}
 	sh.mu.Unlock()
-	return res, nil
+	return res
 }
 
 // evict makes room in a full shard: it samples a few buckets, drops those
@@ -278,4 +310,85 @@ func shardOf(key string) uint32 {
 
 func costError(key string, limit Limit, cost int) error {
 	return fmt.Errorf("store: take %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, cost, limit.Burst, limit)
+}
+
+// TakeAll implements [MultiStore]: the shards of all the keys are locked
+// together (in shard order, so that concurrent calls cannot deadlock) for
+// one instant of the clock.
+func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
+	ps, err := checkRequests(reqs)
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(reqs))
+	idx := make([]uint32, 0, len(reqs))
+	for i, q := range reqs {
+		keys[i] = q.Key
+		if len(keys[i]) > maxKeyLen {
+			keys[i] = hashKey(keys[i])
+		}
+		s := shardOf(keys[i]) & m.mask
+		if !slices.Contains(idx, s) {
+			idx = append(idx, s)
+		}
+	}
+	slices.Sort(idx)
+	now := m.nowUs()
+	for _, s := range idx {
+		m.shards[s].mu.Lock()
+	}
+	defer func() {
+		for _, s := range idx {
+			m.shards[s].mu.Unlock()
+		}
+	}()
+
+	out := make([]Result, len(reqs))
+	next := make([]bucket, len(reqs))
+	writes := make([]bool, len(reqs))
+	all := true
+	for i, q := range reqs {
+		b, ok := m.shards[shardOf(keys[i])&m.mask].m[keys[i]]
+		var cur bucket
+		if ok {
+			cur = *b
+		}
+		out[i].Limit = q.Limit
+		next[i], writes[i] = ps[i].decide(&out[i], cur, ok, now, int64(q.Cost))
+		all = all && out[i].Allowed
+	}
+	if !all {
+		// Nothing is taken: describe every bucket as it stands.
+		for i, q := range reqs {
+			sh := &m.shards[shardOf(keys[i])&m.mask]
+			b, ok := sh.m[keys[i]]
+			var cur bucket
+			if ok {
+				cur = *b
+			}
+			retry := out[i].RetryAfter
+			out[i] = Result{Limit: q.Limit}
+			ps[i].decide(&out[i], cur, ok, now, 0)
+			out[i].Allowed, out[i].RetryAfter = false, retry
+		}
+		return out, nil
+	}
+	for i := range reqs {
+		sh := &m.shards[shardOf(keys[i])&m.mask]
+		b, ok := sh.m[keys[i]]
+		switch {
+		case writes[i] && ok:
+			*b = next[i]
+		case writes[i]:
+			if len(sh.m) >= m.shardCap {
+				m.evict(sh, now)
+			}
+			fresh := new(bucket)
+			*fresh = next[i]
+			sh.m[strings.Clone(keys[i])] = fresh
+		case ok && out[i].ResetAfter == 0:
+			delete(sh.m, keys[i])
+		}
+	}
+	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,9 +106,9 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 //
 // Take returns by ctx's deadline even when the client was built without
 // ContextTimeoutEnabled (go-redis then bounds socket reads by ReadTimeout
-// only): it waits for the call in another goroutine, which costs about a
-// microsecond and finishes on its own by the client's timeouts. Set
-// ContextTimeoutEnabled: true on the client to avoid that.
+// only): the call is then sent from another goroutine, which finishes on
+// its own by the client's timeouts. Set ContextTimeoutEnabled: true on the
+// client to save that hand-over.
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
 	p, err := limit.params()
 	if err != nil {
@@ -116,74 +117,215 @@ func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Re
 	if cost < 0 || cost > limit.Burst {
 		return Result{}, costError(key, limit, cost)
 	}
-	if r.pipelines > 0 && r.client != nil {
-		return r.takeBatched(ctx, key, &p, limit, cost)
-	}
-	if _, ok := ctx.Deadline(); ok && !r.ctxDeadlines {
-		return r.takeBounded(ctx, key, p, limit, cost)
-	}
-	return r.take(ctx, key, &p, limit, cost)
+	return r.one(ctx, key, &p, limit, cost)
 }
 
-type takeResult struct {
-	res Result
-	err error
-}
-
-// takeBounded runs take and returns when it does or when ctx ends.
-func (r *Redis) takeBounded(ctx context.Context, key string, p params, limit Limit, cost int) (Result, error) {
-	done := make(chan takeResult, 1) // buffered: the call may finish after we stop waiting
-	go func() {
-		// A panic here (a client's hook, say) would end the process: no
-		// handler can recover it on this goroutine. Return it as an error.
-		defer func() {
-			if v := recover(); v != nil {
-				done <- takeResult{err: fmt.Errorf("store: take %q: panic: %v", key, v)}
-			}
-		}()
-		res, err := r.take(ctx, key, &p, limit, cost)
-		done <- takeResult{res, err}
-	}()
-	select {
-	case tr := <-done:
-		return tr.res, tr.err
-	case <-ctx.Done():
-		return Result{}, fmt.Errorf("store: take %q: %w", key, ctx.Err())
+// Refund implements [Refunder] with the same script and a negative cost.
+func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error) {
+	p, err := limit.params()
+	if err != nil {
+		return Result{}, err
 	}
+	if tokens < 0 || tokens > limit.Burst {
+		return Result{}, refundError(key, limit, tokens)
+	}
+	return r.one(ctx, key, &p, limit, -tokens)
 }
 
-func (r *Redis) take(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
+// one runs the script for one key.
+func (r *Redis) one(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
 	if r.client == nil {
 		return Result{}, fmt.Errorf("store: take %q: %w", key, errNilClient)
 	}
+	c := newCall(ctx, key)
+	c.keys1[0] = r.Key(key)
 	v := r.boxedParams(p)
-	res, err := r.single(ctx, key, r.Key(key), []any{v[0], v[1], v[2], cost})
-	res.Limit = limit
-	return res, err
-}
-
-// takeBatched queues the call on the batcher of the key's node.
-func (r *Redis) takeBatched(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
-	rkey := r.Key(key)
-	b := r.single1
-	if r.cluster != nil {
-		node, err := r.cluster.MasterForKey(ctx, rkey)
-		if err != nil { // no slot map yet, or no master for the slot
-			return r.take(ctx, key, p, limit, cost)
-		}
-		b = r.nodeBatcher(node)
+	c.args1 = [4]any{v[0], v[1], v[2], cost}
+	c.keys, c.args, c.res = c.keys1[:], c.args1[:], c.res1[:]
+	err, abandoned := r.exec(ctx, c)
+	res := c.res1[0]
+	if !abandoned {
+		c.release()
 	}
-	c := callPool.Get().(*call)
-	c.ctx, c.key, c.rkey, c.keys[0] = ctx, key, rkey, rkey
-	v := r.boxedParams(p)
-	c.args = [4]any{v[0], v[1], v[2], cost}
-	_, deadline := ctx.Deadline()
-	res, err := b.do(ctx, c, r.ctxDeadlines || !deadline)
 	if err != nil {
 		return Result{}, err
 	}
 	res.Limit = limit
 	return res, nil
+}
+
+// TakeAll implements [MultiStore]. Requests whose keys share a Cluster hash
+// tag ("{user:42}" in "{user:42}:10/s" and "{user:42}:1000/h") are decided
+// in one script call, atomically, on any client — the middleware names its
+// keys so. Requests with different tags may live on different Cluster
+// nodes or Ring shards, so each tag is a call of its own, in the order in
+// which the tags first appear in reqs; when a later call is denied or
+// fails, the tokens taken by the earlier calls are given back (a refund
+// call), and the buckets of the tags not asked yet are read without taking.
+// If that refund cannot be made (Redis failing between the calls), the
+// earlier tokens stay taken: the error is returned and the limit errs on
+// the strict side, never the loose one. On a single node or Sentinel
+// client, all requests are one call whatever their keys.
+func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
+	ps, err := checkRequests(reqs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Result, len(reqs))
+	if len(reqs) == 0 {
+		return out, nil
+	}
+	if r.client == nil {
+		return nil, fmt.Errorf("store: take %q: %w", reqs[0].Key, errNilClient)
+	}
+	groups := r.groups(reqs)
+	var taken [][]int
+	for gi, g := range groups {
+		if err := r.group(ctx, reqs, ps, g, out, 1); err != nil {
+			r.giveBack(ctx, reqs, ps, taken, out)
+			return nil, err
+		}
+		if out[g[0]].Allowed {
+			taken = append(taken, g)
+			continue
+		}
+		// Denied: give back what the earlier groups took, and read the
+		// buckets of the groups not asked.
+		if err := r.giveBack(ctx, reqs, ps, taken, out); err != nil {
+			return nil, err
+		}
+		for _, rest := range groups[gi+1:] {
+			if err := r.group(ctx, reqs, ps, rest, out, 0); err != nil {
+				return nil, err
+			}
+		}
+		for i := range out {
+			out[i].Allowed = false
+		}
+		return out, nil
+	}
+	return out, nil
+}
+
+// groups splits reqs by hash tag (one group for a client that is neither
+// Cluster nor Ring), keeping the order of first appearance.
+func (r *Redis) groups(reqs []Request) [][]int {
+	_, ring := r.client.(*redis.Ring)
+	if r.cluster == nil && !ring {
+		all := make([]int, len(reqs))
+		for i := range all {
+			all[i] = i
+		}
+		return [][]int{all}
+	}
+	var groups [][]int
+	var tags []string
+	for i, q := range reqs {
+		tag := groupTag(r.Key(q.Key))
+		j := slices.Index(tags, tag)
+		if j < 0 {
+			tags, groups = append(tags, tag), append(groups, nil)
+			j = len(groups) - 1
+		}
+		groups[j] = append(groups[j], i)
+	}
+	return groups
+}
+
+// group runs one script call for the requests at indexes g, with their
+// costs multiplied by sign (1: take, 0: read, -1: give back), and writes
+// their Results into out.
+func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, out []Result, sign int) error {
+	c := newCall(ctx, reqs[g[0]].Key)
+	c.keys = make([]string, len(g))
+	c.args = make([]any, 0, 4*len(g))
+	c.res = make([]Result, len(g))
+	for j, i := range g {
+		c.keys[j] = r.Key(reqs[i].Key)
+		c.args = append(c.args, ps[i].rate, ps[i].period, ps[i].burst, sign*reqs[i].Cost)
+	}
+	err, abandoned := r.exec(ctx, c)
+	if err == nil {
+		for j, i := range g {
+			out[i] = c.res[j]
+			out[i].Limit = reqs[i].Limit
+		}
+	}
+	if !abandoned {
+		c.release()
+	}
+	return err
+}
+
+// giveBack refunds the tokens the groups in taken took, and writes their
+// buckets as they then stand into out.
+func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int, out []Result) error {
+	for _, g := range taken {
+		if err := r.group(ctx, reqs, ps, g, out, -1); err != nil {
+			return fmt.Errorf("store: take all: giving back the tokens taken before a denial: %w", err)
+		}
+	}
+	return nil
+}
+
+// exec runs c: through the batcher of its node, or alone. abandoned is true
+// when ctx ended while another goroutine still holds c.
+func (r *Redis) exec(ctx context.Context, c *call) (err error, abandoned bool) {
+	_, deadline := ctx.Deadline()
+	direct := r.ctxDeadlines || !deadline
+	if r.pipelines > 0 {
+		b := r.single1
+		if r.cluster != nil {
+			node, err := r.cluster.MasterForKey(ctx, c.keys[0])
+			if err != nil { // no slot map yet, or no master for the slot
+				return r.bounded(ctx, c, direct)
+			}
+			b = r.nodeBatcher(node)
+		}
+		return b.do(ctx, c, direct)
+	}
+	return r.bounded(ctx, c, direct)
+}
+
+// bounded runs c on this goroutine when direct, else on another one, and
+// returns when it is done or ctx ends.
+func (r *Redis) bounded(ctx context.Context, c *call, direct bool) (err error, abandoned bool) {
+	if direct {
+		return r.run(ctx, c), false
+	}
+	go func() {
+		// A panic here (a client's hook, say) would end the process: no
+		// handler can recover it on this goroutine. Return it as an error.
+		defer func() {
+			if v := recover(); v != nil {
+				c.answer(fmt.Errorf("store: take %q: panic: %v", c.key, v))
+			}
+		}()
+		c.answer(r.run(ctx, c))
+	}()
+	select {
+	case <-c.done:
+		return c.err, false
+	case <-ctx.Done():
+		return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), true
+	}
+}
+
+// run sends c's script call on this goroutine (EVALSHA, then EVAL on
+// NOSCRIPT) and fills in c.res.
+func (r *Redis) run(ctx context.Context, c *call) error {
+	reply, err := r.client.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.args...).Result()
+	if err != nil && isNoScript(err) {
+		reply, err = r.client.Eval(ctx, lua.TokenBucket, c.keys, c.args...).Result()
+	}
+	if err != nil {
+		r.failed(ctx, err)
+		return fmt.Errorf("store: take %q: %w", c.key, err)
+	}
+	if err := parseReply(reply, c.res); err != nil {
+		return fmt.Errorf("store: take %q: %w", c.key, err)
+	}
+	return nil
 }
 
 // boxedParams returns the script's first three arguments for p as
@@ -209,24 +351,6 @@ func (r *Redis) nodeBatcher(node *redis.Client) *batcher {
 	}
 	b, _ := r.nodes.LoadOrStore(node, &batcher{r: r, client: node, max: r.pipelines})
 	return b.(*batcher)
-}
-
-// single runs one script call for rkey, falling back to EVAL on NOSCRIPT.
-func (r *Redis) single(ctx context.Context, key, rkey string, args []any) (Result, error) {
-	keys := []string{rkey}
-	reply, err := r.client.EvalSha(ctx, lua.TokenBucketSHA1, keys, args...).Result()
-	if err != nil && isNoScript(err) {
-		reply, err = r.client.Eval(ctx, lua.TokenBucket, keys, args...).Result()
-	}
-	if err != nil {
-		r.failed(ctx, err)
-		return Result{}, fmt.Errorf("store: take %q: %w", key, err)
-	}
-	res, err := parseReply(reply)
-	if err != nil {
-		return Result{}, fmt.Errorf("store: take %q: %w", key, err)
-	}
-	return res, nil
 }
 
 // failed reacts to a failed call: on a Cluster, a connection error asks
@@ -277,21 +401,34 @@ func isNoScript(err error) bool {
 	return strings.Contains(msg, "noscript") || strings.Contains(msg, "no matching script")
 }
 
-func parseReply(reply any) (Result, error) {
+// parseReply reads a reply of 4 integers per key into dst.
+func parseReply(reply any, dst []Result) error {
 	v, ok := reply.([]any)
-	if !ok || len(v) != 4 {
-		return Result{}, fmt.Errorf("unexpected script reply %v", reply)
+	if !ok || len(v) != 4*len(dst) {
+		return fmt.Errorf("unexpected script reply %v", reply)
 	}
-	var n [4]int64
-	for i := range n {
-		if n[i], ok = v[i].(int64); !ok {
-			return Result{}, fmt.Errorf("unexpected script reply %v", reply)
+	for i := range dst {
+		var n [4]int64
+		for j := range n {
+			if n[j], ok = v[4*i+j].(int64); !ok {
+				return fmt.Errorf("unexpected script reply %v", reply)
+			}
+		}
+		dst[i] = Result{
+			Allowed:    n[0] == 1,
+			Remaining:  int(n[1]),
+			RetryAfter: time.Duration(n[2]) * time.Microsecond,
+			ResetAfter: time.Duration(n[3]) * time.Microsecond,
 		}
 	}
-	return Result{
-		Allowed:    n[0] == 1,
-		Remaining:  int(n[1]),
-		RetryAfter: time.Duration(n[2]) * time.Microsecond,
-		ResetAfter: time.Duration(n[3]) * time.Microsecond,
-	}, nil
+	return nil
+}
+
+// groupTag returns the part of key that decides its Cluster slot or Ring
+// shard: its hash tag, else the whole key.
+func groupTag(key string) string {
+	if tag, ok := hashTag(key); ok {
+		return tag
+	}
+	return key
 }

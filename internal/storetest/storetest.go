@@ -167,6 +167,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("KeysAreIndependent", func(t *testing.T) { keysAreIndependent(t, h) })
 	t.Run("InvalidCost", func(t *testing.T) { invalidCost(t, h) })
 	t.Run("InvalidLimit", func(t *testing.T) { invalidLimit(t, h) })
+	t.Run("TakeAll", func(t *testing.T) { takeAll(t, h, true) })
+	t.Run("TakeAllAcrossTags", func(t *testing.T) { takeAll(t, h, false) })
+	t.Run("TakeAllInvalid", func(t *testing.T) { takeAllInvalid(t, h) })
+	t.Run("Refund", func(t *testing.T) { refund(t, h) })
 }
 
 func runSequence(t *testing.T, h Harness, seq Sequence) {
@@ -307,5 +311,140 @@ func invalidLimit(t *testing.T, h Harness) {
 		if !errors.Is(err, store.ErrInvalidLimit) {
 			t.Errorf("Take(%+v) = %+v, %v; want ErrInvalidLimit", lim, r, err)
 		}
+	}
+}
+
+func multi(t *testing.T, s store.Store) store.MultiStore {
+	t.Helper()
+	m, ok := s.(store.MultiStore)
+	if !ok {
+		t.Fatalf("%T does not implement store.MultiStore", s)
+	}
+	return m
+}
+
+// remaining reads a bucket without taking from it.
+func remaining(t *testing.T, s store.Store, key string, lim store.Limit) int {
+	t.Helper()
+	r, err := s.Take(context.Background(), key, lim, 0)
+	if err != nil {
+		t.Fatalf("Take(%s, cost 0): %v", key, err)
+	}
+	return r.Remaining
+}
+
+// takeAll: a per-user limit and a global limit decided together. A request
+// the global limit denies takes nothing from the user's bucket. With
+// shareTag, the keys share a Cluster hash tag (one atomic call); without,
+// they do not (a Cluster store decides them in two calls and gives back).
+func takeAll(t *testing.T, h Harness, shareTag bool) {
+	s := multi(t, h.New(t))
+	ctx := context.Background()
+	base := Key(t)
+	user, global := "{"+base+"}:user", "{"+base+"}:global"
+	if !shareTag {
+		user, global = "{"+base+":u}:user", "{"+base+":g}:global"
+	}
+	userLim := store.Limit{Rate: 5, Period: time.Hour, Burst: 5}
+	globalLim := store.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+	reqs := []store.Request{{Key: user, Limit: userLim, Cost: 1}, {Key: global, Limit: globalLim, Cost: 1}}
+	for i := range 2 {
+		res, err := s.TakeAll(ctx, reqs)
+		if err != nil || len(res) != 2 || !res[0].Allowed || !res[1].Allowed {
+			t.Fatalf("TakeAll %d = %+v, %v; want both allowed", i, res, err)
+		}
+		if res[0].Remaining != 4-i || res[1].Remaining != 1-i || res[0].Limit != userLim || res[1].Limit != globalLim {
+			t.Fatalf("TakeAll %d = %+v; want remaining %d and %d with their limits", i, res, 4-i, 1-i)
+		}
+	}
+	// The global bucket is empty: denied, and the user's bucket keeps its 3.
+	res, err := s.TakeAll(ctx, reqs)
+	if err != nil || len(res) != 2 || res[0].Allowed || res[1].Allowed {
+		t.Fatalf("third TakeAll = %+v, %v; want denied in both Results", res, err)
+	}
+	if res[0].Remaining != 3 || res[0].RetryAfter != 0 {
+		t.Errorf("third TakeAll, user = %+v; want remaining 3 (nothing taken), no retry of its own", res[0])
+	}
+	if res[1].Remaining != 0 || res[1].RetryAfter <= 0 || res[1].RetryAfter > 30*time.Minute {
+		t.Errorf("third TakeAll, global = %+v; want remaining 0 and a retry within 30m", res[1])
+	}
+	if n := remaining(t, s, user, userLim); n != 3 {
+		t.Errorf("user bucket after a denial by the global limit holds %d; want 3", n)
+	}
+	if n := remaining(t, s, global, globalLim); n != 0 {
+		t.Errorf("global bucket holds %d; want 0", n)
+	}
+	// Denied by the first request this time: the second is not taken.
+	other := "{" + base + "}:other"
+	if !shareTag {
+		other = "{" + base + ":o}:other"
+	}
+	res, err = s.TakeAll(ctx, []store.Request{{Key: global, Limit: globalLim, Cost: 1}, {Key: other, Limit: userLim, Cost: 2}})
+	if err != nil || res[0].Allowed || res[1].Allowed || res[1].Remaining != 5 {
+		t.Errorf("TakeAll denied by its first request = %+v, %v; want denied, second bucket untouched (5)", res, err)
+	}
+	if n := remaining(t, s, other, userLim); n != 5 {
+		t.Errorf("second bucket after a denial by the first holds %d; want 5", n)
+	}
+	// One request alone behaves like Take.
+	res, err = s.TakeAll(ctx, []store.Request{{Key: user, Limit: userLim, Cost: 3}})
+	if err != nil || len(res) != 1 || !res[0].Allowed || res[0].Remaining != 0 {
+		t.Errorf("TakeAll of one request = %+v, %v; want allowed, 0 left", res, err)
+	}
+}
+
+func takeAllInvalid(t *testing.T, h Harness) {
+	s := multi(t, h.New(t))
+	ctx := context.Background()
+	key := Key(t)
+	lim := store.PerMinute(5)
+	for _, tc := range []struct {
+		reqs []store.Request
+		want error
+	}{
+		{[]store.Request{{Key: key, Limit: lim, Cost: 1}, {Key: key, Limit: lim, Cost: 1}}, store.ErrDuplicateKey},
+		{[]store.Request{{Key: key, Limit: lim, Cost: 1}, {Key: key + "b", Limit: lim, Cost: 6}}, store.ErrInvalidCost},
+		{[]store.Request{{Key: key, Limit: lim, Cost: 1}, {Key: key + "b", Limit: lim, Cost: -1}}, store.ErrInvalidCost},
+		{[]store.Request{{Key: key, Limit: lim, Cost: 1}, {Key: key + "b", Limit: store.Limit{}, Cost: 1}}, store.ErrInvalidLimit},
+	} {
+		res, err := s.TakeAll(ctx, tc.reqs)
+		if !errors.Is(err, tc.want) {
+			t.Errorf("TakeAll(%+v) = %+v, %v; want %v", tc.reqs, res, err, tc.want)
+		}
+	}
+	if n := remaining(t, s, key, lim); n != 5 {
+		t.Errorf("after refused TakeAlls the bucket holds %d; want 5 (nothing taken)", n)
+	}
+}
+
+func refund(t *testing.T, h Harness) {
+	st := h.New(t)
+	s, ok := st.(store.Refunder)
+	if !ok {
+		t.Fatalf("%T does not implement store.Refunder", st)
+	}
+	ctx := context.Background()
+	key := Key(t)
+	lim := store.Limit{Rate: 5, Period: time.Hour, Burst: 5}
+	if r, err := st.Take(ctx, key, lim, 3); err != nil || r.Remaining != 2 {
+		t.Fatalf("Take(3) = %+v, %v", r, err)
+	}
+	if r, err := s.Refund(ctx, key, lim, 2); err != nil || !r.Allowed || r.Remaining != 4 || r.Limit != lim {
+		t.Errorf("Refund(2) = %+v, %v; want allowed, 4 left", r, err)
+	}
+	// Never above capacity.
+	if r, err := s.Refund(ctx, key, lim, 5); err != nil || r.Remaining != 5 || r.ResetAfter != 0 {
+		t.Errorf("Refund(5) of a bucket missing 1 = %+v, %v; want full (5, reset 0)", r, err)
+	}
+	if r, err := s.Refund(ctx, Key(t), lim, 1); err != nil || r.Remaining != 5 {
+		t.Errorf("Refund on a fresh key = %+v, %v; want full", r, err)
+	}
+	for _, n := range []int{-1, 6} {
+		if _, err := s.Refund(ctx, key, lim, n); !errors.Is(err, store.ErrInvalidCost) {
+			t.Errorf("Refund(%d) = %v; want ErrInvalidCost", n, err)
+		}
+	}
+	if _, err := s.Refund(ctx, key, store.Limit{}, 1); !errors.Is(err, store.ErrInvalidLimit) {
+		t.Errorf("Refund with an invalid limit = %v; want ErrInvalidLimit", err)
 	}
 }
