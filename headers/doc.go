@@ -90,6 +90,14 @@
 // allocates twice: one string holding every value and one backing array
 // for the field slices.
 //
+// A [Cache] writes one policy's fields as Write does, but formats each
+// value once and keeps it: on a header without our fields it allocates
+// nothing for a (remaining, reset) pair it has seen recently, and
+// [Cache.WriteDenied] also sets Retry-After without reading the header
+// back. Its field slices are shared between responses, so code after it
+// must replace a field (as [http.Header.Set] does), never write into the
+// slice.
+//
 // # References
 //
 //   - [draft-ietf-httpapi-ratelimit-headers-11], RateLimit header fields for HTTP.

@@ -358,10 +358,20 @@ func appendItem(b []byte, q *Quota, policy bool) []byte {
 		b = append(b, ";w="...)
 		return strconv.AppendInt(b, max(Seconds(q.Window), 1), 10)
 	}
+	return appendRateLimitParams(b, clampInt(q.Remaining), Seconds(q.Reset))
+}
+
+// appendRateLimitItem appends the RateLimit item of the policy name with r
+// tokens remaining and t seconds to the next one.
+func appendRateLimitItem(b []byte, name string, r, t int64) []byte {
+	return appendRateLimitParams(appendString(b, name), r, t)
+}
+
+func appendRateLimitParams(b []byte, r, t int64) []byte {
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, clampInt(q.Remaining), 10)
+	b = strconv.AppendInt(b, r, 10)
 	b = append(b, ";t="...)
-	return strconv.AppendInt(b, Seconds(q.Reset), 10)
+	return strconv.AppendInt(b, t, 10)
 }
 
 // appendString appends s as an RFC 9651 String: '"' and '\' are escaped,

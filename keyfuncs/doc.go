@@ -2,7 +2,8 @@
 // name of the bucket the request is charged to. A [KeyFunc] has the shape of
 // httprate's, so the two are interchangeable.
 //
-//   - [PeerIP] and [PeerIPPrefix]: the TCP peer's address, IPv6 by /64.
+//   - [PeerIP] and [PeerIPPrefix]: the TCP peer's address, IPv6 by /64;
+//     [AppendPeerIP] appends PeerIP's key to a buffer without allocating.
 //   - [ClientIP]: the client's address behind trusted proxies, from
 //     X-Forwarded-For, Forwarded, or a header the proxy sets; with
 //     [ClientIPMiddleware] and [ClientAddr] for handlers, and

@@ -203,6 +203,10 @@ func FuzzPeerIP(f *testing.F) {
 		"192.0.2.1:1234", "192.0.2.1", "[2001:db8:1:2:3:4:5:6]:443", "2001:db8::1",
 		"[fe80::1%eth0]:80", "fe80::1%eth0", "[::ffff:1.2.3.4]:80", "::ffff:1.2.3.4",
 		"[::1]", "", "garbage", "[192.0.2.1]:80", "192.0.2.1:65536", "[fe80::1%]:80",
+		// Near misses of the canonical IPv4 form that AppendPeerIP copies.
+		"010.1.1.1:80", "1.2.3.4:80:90", "255.255.255.255:0", "256.1.1.1:1", "1.2.3.4:",
+		"1.2.3.4:099999", "1234.1.1.1:1", "0.0.0.0:1", "1.2.3:4", "1.2.3.4.5:6", "1.2.3.04:5",
+		"1.2.3.4%eth0:80", "1.2.3.4 :80",
 	} {
 		f.Add(s)
 	}
@@ -230,6 +234,12 @@ func FuzzPeerIP(f *testing.F) {
 					t.Fatalf("PeerIP(%q) /%d /%d = %q, %v; want %q (reference)", remoteAddr, c.v4Bits, c.v6Bits, key, err, want)
 				}
 			}
+		}
+		// AppendPeerIP appends exactly PeerIP's key, or fails as it does.
+		key, err := keyfuncs.PeerIP(r)
+		b, appendErr := keyfuncs.AppendPeerIP([]byte("{name:"), r)
+		if string(b) != "{name:"+key || (err == nil) != (appendErr == nil) {
+			t.Fatalf("AppendPeerIP(%q) = %q, %v; want %q, %v", remoteAddr, b, appendErr, "{name:"+key, err)
 		}
 	})
 }
@@ -306,6 +316,37 @@ func referenceKey(addr netip.Addr, v4Bits, v6Bits int) string {
 		return "ip:" + addr.String()
 	}
 	return "ip:" + netip.PrefixFrom(addr, bits).Masked().String()
+}
+
+func TestAppendPeerIP(t *testing.T) {
+	for _, tc := range []struct{ remoteAddr, want string }{
+		{"192.0.2.1:1234", "xip:192.0.2.1"},
+		{"10.0.0.255:1", "xip:10.0.0.255"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "xip:2001:db8:1:2::/64"},
+		{"[::ffff:1.2.3.4]:80", "xip:1.2.3.4"},
+		{"192.0.2.1", "xip:192.0.2.1"},
+	} {
+		got, err := keyfuncs.AppendPeerIP([]byte("x"), request(tc.remoteAddr))
+		if err != nil || string(got) != tc.want {
+			t.Errorf("AppendPeerIP(%q, %q) = %q, %v; want %q", "x", tc.remoteAddr, got, err, tc.want)
+		}
+	}
+	for _, remoteAddr := range []string{"garbage", "010.0.0.1:80", "1.2.3.4:65536"} {
+		got, err := keyfuncs.AppendPeerIP([]byte("x"), request(remoteAddr))
+		if !errors.Is(err, keyfuncs.ErrNoKey) || string(got) != "x" {
+			t.Errorf("AppendPeerIP(%q, %q) = %q, %v; want %q and an error wrapping ErrNoKey", "x", remoteAddr, got, err, "x")
+		}
+	}
+	if testing.Short() || raceEnabled {
+		return
+	}
+	for _, remoteAddr := range []string{"192.0.2.1:1234", "[2001:db8:1:2:3:4:5:6]:443"} {
+		r := request(remoteAddr)
+		buf := make([]byte, 0, 64)
+		if n := testing.AllocsPerRun(100, func() { keyfuncs.AppendPeerIP(buf, r) }); n != 0 {
+			t.Errorf("AppendPeerIP(%q): %v allocations, want 0", remoteAddr, n)
+		}
+	}
 }
 
 func BenchmarkPeerIP(b *testing.B) {

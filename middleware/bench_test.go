@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/go-chi/httprate"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate-go/tollgate/internal/redistest"
 	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
@@ -83,4 +85,56 @@ func BenchmarkTollgateMemoryNoHeaders(b *testing.B) {
 
 func BenchmarkHttprateLocal(b *testing.B) {
 	serveBench(b, httprate.Limit(benchRate, time.Hour, httprate.WithKeyFuncs(httprate.KeyByIP))(noop))
+}
+
+// BenchmarkDeniedHotKey measures a flood from one client that is over its
+// limit (one request an hour): every request is refused, by the store
+// each time or, with the deny cache, locally.
+func BenchmarkDeniedHotKey(b *testing.B) {
+	m := store.NewMemory()
+	defer m.Close()
+	b.Run("store=memory", func(b *testing.B) { benchDenied(b, m) })
+	b.Run("store=redis", func(b *testing.B) {
+		srv := redistest.Server(b)
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+		b.Cleanup(func() { client.Close() })
+		benchDenied(b, store.NewRedis(client, store.WithKeyPrefix(b.Name()+":")))
+	})
+}
+
+func benchDenied(b *testing.B, s store.Store) {
+	for _, bc := range []struct {
+		name string
+		opts []middleware.Option
+	}{
+		{"cache=off", nil},
+		{"cache=on", []middleware.Option{middleware.WithDenyCache(10_000)}},
+	} {
+		lim, err := middleware.New(s, store.PerHour(1), append(bc.opts, middleware.WithName("denied-"+bc.name))...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := lim.Handler(noop)
+		r := httptest.NewRequest(http.MethodGet, "/items", nil)
+		r.RemoteAddr = "192.0.2.1:4242"
+		h.ServeHTTP(&benchWriter{h: http.Header{}}, r) // the hour's one request
+		b.Run(bc.name+"/serial", func(b *testing.B) {
+			b.ReportAllocs()
+			w := &benchWriter{h: http.Header{}}
+			for range b.N {
+				clear(w.h)
+				h.ServeHTTP(w, r)
+			}
+		})
+		b.Run(bc.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				w := &benchWriter{h: http.Header{}}
+				for pb.Next() {
+					clear(w.h)
+					h.ServeHTTP(w, r)
+				}
+			})
+		})
+	}
 }

@@ -6,9 +6,10 @@
 // # One request
 //
 // Skip rules ([WithSkip]) → the KeyFunc ([WithKeyFunc], default
-// [keyfuncs.PeerIP]) → the cost ([WithCost], default 1) → one Take on the
-// store within the timeout budget ([WithTimeout], default 100ms) → the
-// rate-limit headers ([WithHeaders]) → the next handler, or a refusal:
+// [keyfuncs.PeerIP]) → the cost ([WithCost], default 1) → the local deny
+// cache, if on ([WithDenyCache]) → one Take on the store within the timeout
+// budget ([WithTimeout], default 100ms) → the rate-limit headers
+// ([WithHeaders]) → the next handler, or a refusal:
 //
 //   - over the limit: 429 with Retry-After, Cache-Control: no-store and a
 //     short text body, or an RFC 9457 problem document
@@ -22,6 +23,16 @@
 // A circuit breaker ([WithBreaker]) stops calling a store that keeps
 // failing and lets one probe through after a cooldown, so a dead Redis
 // costs no waiting per request.
+//
+// # Cost
+//
+// An allowed request allocates nothing in the limiter with the default
+// key function, the default headers and the Memory store: the store key is
+// built in a pooled buffer, and the header values come from a
+// [headers.Cache] that formats each distinct value once. (The header
+// slices are shared between responses: code after the limiter must replace
+// a rate-limit field, as [http.Header.Set] does, not write into its slice.)
+// On the Redis store the key is copied once for the client.
 //
 // # Names and keys
 //

@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"math/bits"
 	"net/http"
+	"reflect"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/tollgate-go/tollgate/headers"
 	"github.com/tollgate-go/tollgate/keyfuncs"
@@ -24,24 +27,33 @@ var ErrCostOutOfRange = errors.New("middleware: cost out of range")
 // Limiter is rate-limiting middleware for one limit. It is safe for
 // concurrent use; build it with [New].
 type Limiter struct {
-	cfg    config
-	store  store.Store
-	limit  store.Limit
-	prefix string   // "{" + name + ":"; see take
-	bound  bool     // apply cfg.timeout to store calls
-	brk    *breaker // nil: no breaker
-	local  *store.Memory
+	cfg      config
+	store    store.Store
+	limit    store.Limit
+	prefix   string   // "{" + name + ":"; see appendKey
+	bound    bool     // apply cfg.timeout to store calls
+	inMemory bool     // the store is a *store.Memory; see keyString
+	peerIP   bool     // the KeyFunc is keyfuncs.PeerIP; see appendKey
+	hooks    bool     // a hook needs the subject as a string
+	brk      *breaker // nil: no breaker
+	local    *store.Memory
 	// localLimit is the limit divided among replicas, for FailLocal.
 	localLimit store.Limit
+	hdr        *headers.Cache // nil: no rate-limit headers
+	deny       *denyCache     // nil: no deny cache
+	problem    []byte         // the problem document of a refusal, with WithProblemDetails
 
 	keyErrors   atomic.Int64
 	storeErrors atomic.Int64
+	denyHits    atomic.Int64
 }
 
-// Stats counts the requests a Limiter could not decide normally.
+// Stats counts the requests a Limiter could not decide normally, and those
+// it refused without asking the store.
 type Stats struct {
-	KeyErrors   int64 // KeyFunc errors and costs out of range: refused, never shared
-	StoreErrors int64 // store errors and timeouts: decided by the failure policy
+	KeyErrors     int64 // KeyFunc errors and costs out of range: refused, never shared
+	StoreErrors   int64 // store errors and timeouts: decided by the failure policy
+	DenyCacheHits int64 // requests refused by the deny cache (see WithDenyCache), without a store call
 }
 
 // New returns a Limiter that decides requests on s under limit. It checks
@@ -77,8 +89,21 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 		l.cfg.name = DefaultName(limit)
 	}
 	l.prefix = "{" + l.cfg.name + ":"
-	_, local := s.(*store.Memory) // decides in memory: nothing to wait for
-	l.bound = !local
+	_, l.inMemory = s.(*store.Memory) // decides in memory: nothing to wait for
+	l.bound = !l.inMemory
+	// A top-level function has one code pointer, which no other function
+	// shares: this is PeerIP itself, whichever way it was given.
+	l.peerIP = reflect.ValueOf(l.cfg.keyFunc).Pointer() == reflect.ValueOf(keyfuncs.PeerIP).Pointer()
+	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil
+	if l.cfg.profile != 0 && !l.cfg.dryRun {
+		l.hdr = headers.NewCache(l.cfg.profile, l.cfg.name, limit.Burst, limit.Period)
+	}
+	if l.cfg.problemDetails {
+		l.problem = l.problemDocument()
+	}
+	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {
+		l.deny = newDenyCache(l.cfg.denyKeys)
+	}
 	if !l.cfg.loggerSet {
 		l.cfg.logger = slog.Default()
 	}
@@ -163,17 +188,27 @@ func (l *Limiter) Limit() store.Limit { return l.limit }
 
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
-	return Stats{KeyErrors: l.keyErrors.Load(), StoreErrors: l.storeErrors.Load()}
+	return Stats{KeyErrors: l.keyErrors.Load(), StoreErrors: l.storeErrors.Load(), DenyCacheHits: l.denyHits.Load()}
 }
 
 // Handler returns next wrapped by the limiter: skip rules, then the KeyFunc,
-// the cost, one store decision under the timeout budget, the rate-limit
-// headers, and either next or a refusal.
+// the cost, the deny cache if any, one store decision under the timeout
+// budget, the rate-limit headers, and either next or a refusal.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l.serve(w, r, next)
 	})
 }
+
+// keyBuf holds the store key of a request while it is decided. The buffers
+// are pooled so that building a key allocates nothing; see keyString.
+type keyBuf struct{ b []byte }
+
+var keyBufs = sync.Pool{New: func() any { return &keyBuf{b: make([]byte, 0, 128)} }}
+
+// maxPooledKey bounds the buffers kept in keyBufs: one grown for a huge key
+// is dropped rather than kept.
+const maxPooledKey = 1024
 
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
@@ -181,11 +216,13 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		next.ServeHTTP(w, r)
 		return
 	}
-	subject, err := c.keyFunc(r)
-	if err == nil && subject == "" {
-		err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
+	kb := keyBufs.Get().(*keyBuf)
+	key, subject, err := l.appendKey(kb.b[:0], r)
+	if cap(key) <= maxPooledKey {
+		kb.b = key[:0]
 	}
 	if err != nil {
+		keyBufs.Put(kb)
 		l.refuseUnrated(w, r, fmt.Errorf("middleware: %s: key: %w", c.name, err))
 		return
 	}
@@ -194,13 +231,18 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		cost = c.cost(r)
 	}
 	if cost < 0 || cost > l.limit.Burst {
+		keyBufs.Put(kb)
 		l.refuseUnrated(w, r, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, c.name, cost, l.limit.Burst))
 		return
 	}
+	if subject == "" && l.hooks {
+		subject = string(key[len(l.prefix) : len(key)-1])
+	}
 
-	res, err := l.decide(r.Context(), subject, cost)
+	res, err := l.decideKey(r.Context(), key, cost)
 	if err != nil {
 		if r.Context().Err() != nil {
+			keyBufs.Put(kb)
 			return // the client went away: nobody to answer, and not the store's fault
 		}
 		l.storeErrors.Add(1)
@@ -209,25 +251,33 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 		switch {
 		case c.policy == FailClosed && !c.dryRun:
+			keyBufs.Put(kb)
 			l.refuseFailed(w)
 			return
 		case c.policy == FailLocal:
-			res, err = l.local.Take(r.Context(), l.prefix+subject+"}", l.localLimit, cost)
+			res, err = l.local.Take(r.Context(), unsafeString(key), l.localLimit, cost)
 		}
 		if err != nil { // FailOpen, or a cost the local share cannot hold
+			keyBufs.Put(kb)
 			next.ServeHTTP(w, r) // unlimited, no rate-limit headers
 			return
 		}
 	}
+	keyBufs.Put(kb) // the key is not used past here: next may take long
+	l.respond(w, r, next, res, subject, cost)
+}
 
-	if !c.dryRun && c.profile != 0 {
-		var now time.Time // read only where a header needs the wall clock
-		if c.profile&headers.XRateLimitEpoch != 0 {
-			now = time.Now()
-		}
-		headers.Write(w.Header(), c.profile, l.quota(res), now)
+// respond writes the headers of a decision and serves or refuses the request.
+func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, res store.Result, subject string, cost int) {
+	c := &l.cfg
+	var now time.Time // read only where a header needs the wall clock
+	if c.profile&headers.XRateLimitEpoch != 0 && l.hdr != nil {
+		now = time.Now()
 	}
 	if res.Allowed || c.dryRun {
+		if l.hdr != nil { // nil in dry-run mode
+			l.hdr.Write(w.Header(), l.quota(res), now)
+		}
 		if res.Allowed && c.onAllowed != nil {
 			c.onAllowed(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res, DryRun: c.dryRun})
 		}
@@ -237,29 +287,97 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		next.ServeHTTP(w, r)
 		return
 	}
+	h := w.Header()
+	if l.hdr != nil {
+		l.hdr.WriteDenied(h, l.quota(res), res.RetryAfter, now)
+	} else {
+		headers.WriteRetryAfter(h, res.RetryAfter)
+	}
 	if c.onDenied != nil {
 		c.onDenied(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res})
 	}
-	h := w.Header()
-	headers.WriteRetryAfter(h, res.RetryAfter)
-	h.Set("Cache-Control", "no-store")
 	if c.denied != nil {
+		h["Cache-Control"] = []string{"no-store"} // the canonical key Header.Set would compute
 		c.denied(w, r, res)
 		return
 	}
-	l.writeDenied(w)
+	l.writeDenied(w, h)
+}
+
+// appendKey appends the store key of r to b: "{<name>:<subject>}". Braces
+// make the whole key a Redis Cluster hash tag. Without them a brace in a
+// subject, as in the route pattern "GET /items/{id}", would become the tag
+// and pin every such key of every limiter to one slot, one node.
+//
+// subject is the KeyFunc's result, or "" for PeerIP, whose key is appended
+// without being allocated first.
+func (l *Limiter) appendKey(b []byte, r *http.Request) (key []byte, subject string, err error) {
+	b = append(b, l.prefix...)
+	if l.peerIP {
+		b, err = keyfuncs.AppendPeerIP(b, r)
+	} else {
+		subject, err = l.cfg.keyFunc(r)
+		if err == nil && subject == "" {
+			err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
+		}
+		b = append(b, subject...)
+	}
+	return append(b, '}'), subject, err
+}
+
+// decideKey decides a request of cost on the store key held in key: from
+// the deny cache if it refuses it, otherwise by the store, whose denial
+// the deny cache then records.
+func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (store.Result, error) {
+	if l.deny == nil || cost == 0 { // a read takes nothing: never refused locally
+		return l.decide(ctx, l.keyString(key), cost)
+	}
+	verdict, res, gen := l.deny.check(key, l.limit, cost)
+	if verdict == denyHit {
+		l.denyHits.Add(1)
+		return res, nil
+	}
+	res, err := l.decide(ctx, l.keyString(key), cost)
+	switch {
+	case err == nil && !res.Allowed:
+		l.deny.denied(key, l.limit, cost, res)
+	case verdict == denyProbe: // allowed, or no answer: ask the store again
+		l.deny.probed(key, gen)
+	}
+	return res, err
+}
+
+// keyString returns the store key held in b as a string for one Take.
+//
+// For the Memory store it is b's bytes themselves, not a copy, so that a
+// decision allocates nothing: Memory.Take keeps no reference to its key
+// argument (it clones a key it stores), and b is not changed until the
+// Take has returned. TestMemoryKeepsNoKey checks that the Memory store
+// still behaves so. Other stores, which may keep the key (the Redis store
+// hands it to a client that can outlive the call), get a copy.
+func (l *Limiter) keyString(b []byte) string {
+	if l.inMemory {
+		return unsafeString(b)
+	}
+	return string(b)
+}
+
+// unsafeString returns b's bytes as a string without copying them, for a
+// call to a Memory store's Take; see keyString.
+func unsafeString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // decide asks the store through the circuit breaker.
-func (l *Limiter) decide(ctx context.Context, subject string, cost int) (store.Result, error) {
+func (l *Limiter) decide(ctx context.Context, key string, cost int) (store.Result, error) {
 	if l.brk == nil {
-		return l.take(ctx, subject, cost)
+		return l.take(ctx, key, cost)
 	}
 	call, probe := l.brk.allow()
 	if !call {
 		return store.Result{}, ErrBreakerOpen
 	}
-	res, err := l.take(ctx, subject, cost)
+	res, err := l.take(ctx, key, cost)
 	// A client that went away says nothing about the store.
 	failed := err != nil && ctx.Err() == nil
 	l.brk.done(probe, failed)
@@ -267,13 +385,7 @@ func (l *Limiter) decide(ctx context.Context, subject string, cost int) (store.R
 }
 
 // take asks the store, within the timeout budget unless the store is local.
-//
-// The store key is "{<name>:<subject>}": braces make the whole key a Redis
-// Cluster hash tag. Without them a brace in a subject, as in the route
-// pattern "GET /items/{id}", would become the tag and pin every such key
-// of every limiter to one slot, one node.
-func (l *Limiter) take(ctx context.Context, subject string, cost int) (store.Result, error) {
-	key := l.prefix + subject + "}"
+func (l *Limiter) take(ctx context.Context, key string, cost int) (store.Result, error) {
 	if !l.bound {
 		return l.store.Take(ctx, key, l.limit, cost)
 	}
@@ -316,20 +428,25 @@ func NextToken(res store.Result) time.Duration {
 	return next
 }
 
-const deniedBody = "429 Too Many Requests: rate limit exceeded, see Retry-After\n"
+// deniedBody is the default body of a refusal. Writers must not change
+// what they are given to write, so every response can share it.
+var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
-func (l *Limiter) writeDenied(w http.ResponseWriter) {
-	h := w.Header()
-	h.Set("X-Content-Type-Options", "nosniff")
-	if l.cfg.problemDetails {
-		h.Set("Content-Type", "application/problem+json")
-		w.WriteHeader(http.StatusTooManyRequests)
-		w.Write(l.problemDocument())
-		return
+// writeDenied writes the default refusal, h being w's header.
+func (l *Limiter) writeDenied(w http.ResponseWriter, h http.Header) {
+	// The three fields in one allocation, under the canonical keys that
+	// Header.Set would compute. They are this response's own: code after
+	// us may write into them.
+	v := &[3]string{"no-store", "nosniff", "text/plain; charset=utf-8"}
+	body := deniedBody
+	if l.problem != nil {
+		v[2], body = "application/problem+json", l.problem
 	}
-	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h["Cache-Control"] = v[0:1:1]
+	h["X-Content-Type-Options"] = v[1:2:2]
+	h["Content-Type"] = v[2:3:3]
 	w.WriteHeader(http.StatusTooManyRequests)
-	w.Write([]byte(deniedBody))
+	w.Write(body)
 }
 
 // problemDocument is the RFC 9457 body of a denial.

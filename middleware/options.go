@@ -85,6 +85,7 @@ type config struct {
 	onBreaker       func(name string, from, to BreakerState)
 	logger          *slog.Logger
 	loggerSet       bool
+	denyKeys        int
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
@@ -203,6 +204,53 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 			return fmt.Errorf("WithBreaker: cooldown %v: must be positive", cooldown)
 		}
 		c.breakerFailures, c.breakerCooldown = failures, cooldown
+		return nil
+	}
+}
+
+// WithDenyCache makes the limiter remember the store's denials of up to
+// maxKeys keys, so that under a flood from one client most refusals are
+// answered without asking the store. 0, the default, turns it off; a
+// negative maxKeys is an error.
+//
+// When the store denies a request of cost c on a key, the limiter records
+// when the store said c tokens would be there again (Retry-After). Until
+// then, a request on that key of cost c or more under the same limit is
+// refused locally: a 429 like the store's, with the same hooks and denied
+// handler, and headers computed from the store's answer (RateLimit r and t
+// as the store would say them, Retry-After at least 1). That is sound because
+// tokens only return with time: the store would refuse such a request too,
+// and requests from other servers only make its bucket emptier. A cheaper
+// request (cost below c, or 0, which only reads) still goes to the store and
+// may pass. When the time has come, one request (the probe) goes to the
+// store; while it is out, the others of cost c or more are still refused,
+// until the next c tokens are due, since the probe takes the ones that came
+// back (should the probe be denied after all, they might have passed: the
+// one case where the cache refuses what the store would allow). A probe
+// that is denied renews the entry; one that is allowed, or that the store
+// fails to answer, removes it.
+//
+// The cache runs on this process's monotonic clock, read when the store's
+// answer arrives, so a local refusal can outlast the store's (Redis's clock)
+// by up to one round trip, never end earlier. It is per process: each
+// server learns the denials it was given. Memory is bounded by maxKeys
+// entries (about 120 bytes plus the key each): entries past their time are
+// dropped when met and when room is needed, and otherwise the one that
+// expires first. No goroutine is started. Locally refused requests are
+// counted in [Stats].DenyCacheHits.
+//
+// It is off by default because it answers from a copy of the store's
+// state: code that resets buckets in the store or moves its clock (tests on
+// miniredis, an operator deleting a key to let a client back in) would
+// still see refusals here until the recorded time. In dry-run mode
+// ([WithDryRun]) the cache is not used, so that it cannot change what is
+// reported.
+func WithDenyCache(maxKeys int) Option {
+	return func(c *config) error {
+		if maxKeys < 0 {
+			return fmt.Errorf("WithDenyCache: %d keys: must not be negative", maxKeys)
+		}
+		c.denyKeys = maxKeys
 		return nil
 	}
 }

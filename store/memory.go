@@ -127,6 +127,9 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // Take implements [Store]. It never blocks on I/O and ignores ctx, so it
 // still decides when the caller's deadline has passed (as in degraded mode
 // after a Redis timeout).
+//
+// Take keeps no reference to key once it returns (a key it stores is
+// copied), so a caller may pass a string whose bytes it reuses afterwards.
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Result, error) {
 	if len(key) > maxKeyLen {
 		key = hashKey(key)

@@ -1,0 +1,271 @@
+package middleware
+
+import (
+	"hash/maphash"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// denyCache remembers, per store key, the store's last denial: until the
+// time the store gave for the denied cost to succeed, a request of that
+// cost or more under the same limit is refused locally. That is sound
+// because a bucket only gains tokens with time: until then the store would
+// refuse it too (requests by other servers only take tokens away).
+//
+// Times are instants of the process's monotonic clock (see now), read when
+// the store's reply arrived, after the store decided: an entry can only err
+// late, never early.
+//
+// The cache is sharded by key, each shard under its own lock, and bounded:
+// entries that can refuse nothing more are dropped when read and when a
+// full shard needs room, and a full shard with no such entry among a
+// sample drops the entry that expires first. It starts no goroutine.
+type denyCache struct {
+	shards   []denyShard
+	mask     uint64
+	shardCap int
+	seed     maphash.Seed
+	now      func() time.Duration // the clock; replaced in tests
+}
+
+type denyShard struct {
+	mu sync.Mutex
+	m  map[string]*denyEntry
+	n  atomic.Int32 // len(m), read without the lock
+	_  [40]byte     // keep shards on separate cache lines
+}
+
+// denyEntry is one denial: a request under limit of cost at least cost is
+// refused until retryAt. The bucket was full again at resetAt.
+//
+// From retryAt on, the first request that reads the entry is the probe
+// (probing is set) and asks the store; until the probe's answer, or until
+// until, other requests are still refused, since the tokens that came back
+// at retryAt are the probe's: the next cost tokens come window later.
+type denyEntry struct {
+	limit   store.Limit
+	cost    int
+	retryAt time.Duration
+	resetAt time.Duration
+	until   time.Duration // retryAt + window: the entry refuses nothing after it
+	window  time.Duration // time for cost tokens
+	gen     uint64        // changes whenever the entry is recorded again
+	probing bool
+}
+
+// denyVerdict is what the cache says about a request.
+type denyVerdict uint8
+
+const (
+	denyMiss  denyVerdict = iota // ask the store
+	denyHit                      // refuse locally
+	denyProbe                    // ask the store, and report the answer to probed
+)
+
+// Bounds of the shard count, a power of two: enough shards for the lock not
+// to matter, few enough that each holds a useful number of entries.
+const (
+	maxDenyShards    = 32
+	minDenyShardKeys = 16
+	denySamples      = 8 // entries looked at to make room in a full shard
+)
+
+// processStart anchors the monotonic clock of deny-cache entries.
+var processStart = time.Now()
+
+func monotonicNow() time.Duration { return time.Since(processStart) }
+
+func newDenyCache(maxKeys int) *denyCache {
+	n := maxDenyShards
+	for n > 1 && maxKeys/n < minDenyShardKeys {
+		n /= 2
+	}
+	d := &denyCache{
+		shards:   make([]denyShard, n),
+		mask:     uint64(n - 1),
+		shardCap: maxKeys / n, // at least 1: maxKeys >= 1
+		seed:     maphash.MakeSeed(),
+		now:      monotonicNow,
+	}
+	for i := range d.shards {
+		d.shards[i].m = make(map[string]*denyEntry)
+	}
+	return d
+}
+
+func (d *denyCache) shard(key []byte) *denyShard {
+	return &d.shards[maphash.Bytes(d.seed, key)&d.mask]
+}
+
+// check looks key up for a request of cost under lim. On denyHit, res is
+// the refusal; on denyProbe, gen identifies the entry for probed.
+// It does not allocate.
+func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
+	sh := d.shard(key)
+	if sh.n.Load() == 0 {
+		return denyMiss, res, 0 // the usual case when nobody is refused: no lock, no clock
+	}
+	sh.mu.Lock()
+	e := sh.m[string(key)] // no allocation: the conversion is only for the lookup
+	if e == nil {
+		sh.mu.Unlock()
+		return denyMiss, res, 0
+	}
+	now := d.now()
+	switch {
+	case now >= e.until:
+		delete(sh.m, string(key))
+		sh.n.Add(-1)
+		sh.mu.Unlock()
+		return denyMiss, res, 0
+	case e.limit != lim || cost < e.cost:
+		// A smaller cost may pass; another limit is another bucket.
+		sh.mu.Unlock()
+		return denyMiss, res, 0
+	case now < e.retryAt:
+		res = e.refusal(now, cost, e.retryAt, e.resetAt)
+	case !e.probing:
+		e.probing = true
+		gen = e.gen
+		sh.mu.Unlock()
+		return denyProbe, res, gen
+	default:
+		// The probe is out and has presumably taken the tokens that came back
+		// at retryAt: refuse as the store would after it.
+		res = e.refusal(now, cost, e.until, e.resetAt+e.window)
+	}
+	sh.mu.Unlock()
+	return denyHit, res, 0
+}
+
+// refusal is the Result of a request of cost refused at now by e, whose
+// cost can next succeed at retryAt and whose bucket is full at resetAt:
+// what the store would answer, as far as e knows.
+func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
+	if cost > e.cost { // the extra tokens take longer to come
+		retryAt += tokenTime(e.limit, cost-e.cost)
+	}
+	resetAfter := max(resetAt-now, 0)
+	return store.Result{
+		Limit:      e.limit,
+		RetryAfter: retryAt - now,
+		ResetAfter: resetAfter,
+		// The whole tokens now, which the refusal says are fewer than the
+		// entry's cost (and so than the request's).
+		Remaining: min(tokensAt(e.limit, resetAfter), e.cost-1),
+	}
+}
+
+// tokensAt returns the whole tokens in a bucket of lim that is full again
+// in resetAfter: max(0, floor(Burst - resetAfter*Rate/Period)).
+func tokensAt(lim store.Limit, resetAfter time.Duration) int {
+	if resetAfter <= 0 {
+		return lim.Burst
+	}
+	// 128-bit product: resetAfter*Rate may not fit in 64 bits.
+	hi, lo := bits.Mul64(uint64(resetAfter), uint64(lim.Rate))
+	if hi >= uint64(lim.Period) {
+		return 0 // more than 2^64 tokens missing
+	}
+	missing, rem := bits.Div64(hi, lo, uint64(lim.Period))
+	if rem != 0 {
+		missing++ // a token partly refilled is not there yet
+	}
+	if missing >= uint64(lim.Burst) {
+		return 0
+	}
+	return lim.Burst - int(missing)
+}
+
+// tokenTime returns the time in which lim refills cost tokens, rounded
+// down (the probe rule must not refuse past it).
+func tokenTime(lim store.Limit, cost int) time.Duration {
+	hi, lo := bits.Mul64(uint64(cost), uint64(lim.Period))
+	if hi >= uint64(lim.Rate) {
+		return 0 // cannot happen for a valid limit; refuse nothing extra
+	}
+	q, _ := bits.Div64(hi, lo, uint64(lim.Rate))
+	return time.Duration(q)
+}
+
+// denied records the store's denial res of a request of cost under lim,
+// replacing any entry of key. It reads the clock now, after the reply.
+func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Result) {
+	if res.RetryAfter <= 0 || cost <= 0 {
+		return // nothing to refuse locally
+	}
+	now := d.now()
+	window := tokenTime(lim, cost)
+	sh := d.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(key)]
+	if e == nil {
+		if len(sh.m) >= d.shardCap {
+			d.makeRoom(sh, now)
+		}
+		e = new(denyEntry)
+		sh.m[string(key)] = e // one allocation for the key, one for the entry
+		sh.n.Add(1)
+	}
+	*e = denyEntry{
+		limit:   lim,
+		cost:    cost,
+		retryAt: now + res.RetryAfter,
+		resetAt: now + res.ResetAfter,
+		until:   now + res.RetryAfter + window,
+		window:  window,
+		gen:     e.gen + 1,
+	}
+}
+
+// probed reports that the probe of the entry gen of key was not denied:
+// allowed, or the store failed. The entry is dropped unless it has been
+// recorded again since.
+func (d *denyCache) probed(key []byte, gen uint64) {
+	sh := d.shard(key)
+	sh.mu.Lock()
+	if e := sh.m[string(key)]; e != nil && e.gen == gen {
+		delete(sh.m, string(key))
+		sh.n.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
+// makeRoom drops, among a sample of a full shard's entries, those that can
+// refuse nothing more, or if there are none the one that expires first.
+// The caller holds sh.mu.
+func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
+	var victim string
+	var victimUntil time.Duration
+	freed, seen := 0, 0
+	for k, e := range sh.m { // map iteration starts at a random entry
+		if now >= e.until {
+			delete(sh.m, k)
+			freed++
+		} else if victim == "" || e.until < victimUntil {
+			victim, victimUntil = k, e.until
+		}
+		if seen++; seen >= denySamples {
+			break
+		}
+	}
+	if freed == 0 && victim != "" {
+		delete(sh.m, victim)
+		freed++
+	}
+	sh.n.Add(int32(-freed))
+}
+
+// len returns the number of entries.
+func (d *denyCache) len() int {
+	n := 0
+	for i := range d.shards {
+		n += int(d.shards[i].n.Load())
+	}
+	return n
+}
