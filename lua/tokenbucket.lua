@@ -90,43 +90,36 @@ local function ceil(u, f)
   return u
 end
 
--- Check every bucket's arguments before reading or writing anything.
-local buckets = {}
-for i = 1, n do
+-- check returns bucket i's arguments, R, P, B, c and T = P/R as Tq + Tr/R,
+-- or nil and an error message.
+local function check(i)
   local R = tonumber(ARGV[4 * i - 3])
   local P = tonumber(ARGV[4 * i - 2])
   local B = tonumber(ARGV[4 * i - 1])
   local c = tonumber(ARGV[4 * i])
   if not (R and P and B and c) or R < 1 or P < 1 or B < 1 or c < -B or c > B
       or R % 1 ~= 0 or P % 1 ~= 0 or B % 1 ~= 0 or c % 1 ~= 0 then
-    return redis.error_reply('ERR tollgate: invalid arguments')
+    return nil, 'ERR tollgate: invalid arguments'
   end
-  local Tq, Tr = divmod(P, R) -- emission interval T = P/R = Tq + Tr/R
+  local Tq, Tr = divmod(P, R)
   if B * R > LIMIT or B * (Tq + 1) > LIMIT then
-    return redis.error_reply('ERR tollgate: limit out of range')
+    return nil, 'ERR tollgate: limit out of range'
   end
-  buckets[i] = {key = KEYS[i], R = R, P = P, B = B, c = c, Tq = Tq, Tr = Tr}
+  return R, P, B, c, Tq, Tr
 end
 
--- k*T as a pair, for bucket b.
-local function times(b, k)
-  local q, r = divmod(k * b.Tr, b.R)
-  return k * b.Tq + q, r
+-- k*T as a pair.
+local function times(k, R, Tq, Tr)
+  local q, r = divmod(k * Tr, R)
+  return k * Tq + q, r
 end
 
-if redis.replicate_commands then
-  redis.replicate_commands() -- Redis < 5: allow writes after TIME
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
--- Read every bucket: its debt D = max(TAT - now, 0), how far it is from
--- full, and whether it holds its c tokens.
-local all = true
-for _, b in ipairs(buckets) do
-  local R = b.R
+-- read returns a bucket's debt D = max(TAT - now, 0) (how far it is from
+-- full), its capacity as time B*T, its debt after taking c, and the
+-- microseconds until it holds c tokens (0: it does now).
+local function read(key, R, B, c, Tq, Tr, now)
   local du, df = 0, 0
-  local v = redis.call('GET', b.key)
+  local v = redis.call('GET', key)
   if v then
     local tu, tf = tonumber(v), 0
     if not tu then
@@ -140,71 +133,125 @@ for _, b in ipairs(buckets) do
       du, df = sub(R, tu, tf, now, 0)
     end
   end
-  local cu, cf = times(b, b.B) -- capacity as time: B*T
+  local cu, cf = times(B, R, Tq, Tr)
   if not le(du, df, cu, cf) then
     du, df = cu, cf -- state left by a larger limit: read as an empty bucket
   end
-  local nu, nf
-  if b.c >= 0 then
-    local ku, kf = times(b, b.c)
+  local nu, nf, retry = 0, 0, 0
+  if c >= 0 then
+    local ku, kf = times(c, R, Tq, Tr)
     nu, nf = add(R, du, df, ku, kf)
+    if c > 0 and not le(nu, nf, cu, cf) then
+      retry = ceil(sub(R, nu, nf, cu, cf))
+    end
   else -- a refund: D - (-c)*T, not below 0 (full)
-    local ku, kf = times(b, -b.c)
-    nu, nf = 0, 0
+    local ku, kf = times(-c, R, Tq, Tr)
     if le(ku, kf, du, df) then
       nu, nf = sub(R, du, df, ku, kf)
     end
   end
-  b.du, b.df, b.cu, b.cf, b.nu, b.nf = du, df, cu, cf, nu, nf
-  b.retry = 0
-  if b.c > 0 and not le(nu, nf, cu, cf) then
-    b.retry = ceil(sub(R, nu, nf, cu, cf))
+  return du, df, cu, cf, nu, nf, retry
+end
+
+-- write stores a bucket's new debt (nu, nf) after taking c (or giving -c
+-- back) and returns it; c = 0 writes nothing.
+local function write(key, R, c, now, du, df, nu, nf)
+  if c == 0 then
+    return du, df
+  end
+  if nu == 0 and nf == 0 then
+    redis.call('DEL', key) -- full again: a full bucket is no key
+    return 0, 0
+  end
+  local tu, tf = add(R, now, 0, nu, nf)
+  local state = string.format('%.0f', tu)
+  if tf > 0 then
+    state = state .. '+' .. string.format('%.0f', tf) .. '/' .. string.format('%.0f', R)
+  end
+  local ttl = math.ceil(ceil(nu, nf) / 1000)
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('SET', key, state, 'PX', ttl)
+  return nu, nf
+end
+
+-- remaining is the largest k <= B with D + k*T <= B*T.
+local function remaining(R, P, B, Tq, Tr, cu, cf, du, df)
+  local au, af = sub(R, cu, cf, du, df)
+  local k = math.floor((au + af / R) * R / P)
+  if k < 0 then k = 0 end
+  if k > B then k = B end
+  local xu, xf = times(k, R, Tq, Tr)
+  while k > 0 and not le(xu, xf, au, af) do
+    k = k - 1
+    xu, xf = times(k, R, Tq, Tr)
+  end
+  while k < B do
+    xu, xf = times(k + 1, R, Tq, Tr)
+    if not le(xu, xf, au, af) then
+      break
+    end
+    k = k + 1
+  end
+  return k
+end
+
+local function clock()
+  if redis.replicate_commands then
+    redis.replicate_commands() -- Redis < 5: allow writes after TIME
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+if n == 1 then -- the common case, without tables
+  local R, P, B, c, Tq, Tr = check(1)
+  if not R then
+    return redis.error_reply(P)
+  end
+  local key = KEYS[1]
+  local now = clock()
+  local du, df, cu, cf, nu, nf, retry = read(key, R, B, c, Tq, Tr, now)
+  local allowed = 0
+  if retry == 0 then
+    allowed = 1
+    du, df = write(key, R, c, now, du, df, nu, nf)
+  end
+  return {allowed, remaining(R, P, B, Tq, Tr, cu, cf, du, df), retry, ceil(du, df)}
+end
+
+-- Several buckets: check every one's arguments before reading anything,
+-- read them all, then take from every one or from none.
+local args = {}
+for i = 1, n do
+  local R, P, B, c, Tq, Tr = check(i)
+  if not R then
+    return redis.error_reply(P)
+  end
+  args[i] = {R, P, B, c, Tq, Tr}
+end
+local now = clock()
+local state = {}
+local all = true
+for i = 1, n do
+  local a = args[i]
+  local du, df, cu, cf, nu, nf, retry = read(KEYS[i], a[1], a[3], a[4], a[5], a[6], now)
+  state[i] = {du, df, cu, cf, nu, nf, retry}
+  if retry > 0 then
     all = false
   end
 end
-
--- Take from every bucket, or from none.
-if all then
-  for _, b in ipairs(buckets) do
-    if b.c < 0 and b.nu == 0 and b.nf == 0 then
-      b.du, b.df = 0, 0
-      redis.call('DEL', b.key) -- full again: a full bucket is no key
-    elseif b.c ~= 0 then
-      b.du, b.df = b.nu, b.nf
-      local tu, tf = add(b.R, now, 0, b.du, b.df)
-      local state = string.format('%.0f', tu)
-      if tf > 0 then
-        state = state .. '+' .. string.format('%.0f', tf) .. '/' .. string.format('%.0f', b.R)
-      end
-      local ttl = math.ceil(ceil(b.du, b.df) / 1000)
-      if ttl < 1 then
-        ttl = 1
-      end
-      redis.call('SET', b.key, state, 'PX', ttl)
-    end
-  end
-end
-
 local reply = {}
-for i, b in ipairs(buckets) do
-  -- Remaining: the largest k <= B with D + k*T <= B*T.
-  local au, af = sub(b.R, b.cu, b.cf, b.du, b.df)
-  local k = math.floor((au + af / b.R) * b.R / b.P)
-  if k < 0 then k = 0 end
-  if k > b.B then k = b.B end
-  local function fits(m) -- m*T <= A
-    local xu, xf = times(b, m)
-    return le(xu, xf, au, af)
-  end
-  while k > 0 and not fits(k) do
-    k = k - 1
-  end
-  while k < b.B and fits(k + 1) do
-    k = k + 1
+for i = 1, n do
+  local a, st = args[i], state[i]
+  local du, df = st[1], st[2]
+  if all then
+    du, df = write(KEYS[i], a[1], a[4], now, du, df, st[5], st[6])
   end
   reply[4 * i - 3] = all and 1 or 0
-  reply[4 * i - 2] = k
-  reply[4 * i - 1] = b.retry
-  reply[4 * i] = ceil(b.du, b.df)
+  reply[4 * i - 2] = remaining(a[1], a[2], a[3], a[5], a[6], st[3], st[4], du, df)
+  reply[4 * i - 1] = st[7]
+  reply[4 * i] = ceil(du, df)
 end
 return reply
