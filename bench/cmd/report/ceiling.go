@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/lua"
+)
+
+// ceilRun is one redis-benchmark run of tollgate's script.
+type ceilRun struct {
+	title    string
+	workload string // the BenchmarkDecide workload it bounds
+	conns    int
+	pipeline int
+	n        int
+	random   bool   // -r 100000 and a __rand_int__ key
+	limit    string // rate period_us burst
+}
+
+type ceilRow struct {
+	run      ceilRun
+	cmdline  string
+	rps      float64
+	p50, p99 float64 // ms
+	// scriptUs is the time Redis spent in one EVALSHA, from INFO
+	// commandstats; cpuUs is its main thread's CPU time per EVALSHA, from
+	// INFO cpu (network included).
+	scriptUs, cpuUs float64
+	err             error
+}
+
+func (r *report) ceilRuns() []ceilRun {
+	n := r.cfg.ceilN
+	// rate period_us burst: 1,000,000/s, burst 1,000,000 (nothing here
+	// drains it), and 100/s, burst 100.
+	generous, denied := "1000000 1000000 1000000", "100 1000000 100"
+	return []ceilRun{
+		{"hot key, 1 connection", "hot", 1, 1, max(n/5, 1), false, generous},
+		{"hot key, 64 connections", "hot", 64, 1, n, false, generous},
+		{"hot key, 64 connections, -P 16", "hot", 64, 16, 2 * n, false, generous},
+		{"100,000 keys, 64 connections", "spread", 64, 1, n, true, generous},
+		{"100,000 keys, 64 connections, -P 16", "spread", 64, 16, 2 * n, true, generous},
+		{"denied key (100/s), 64 connections", "denied", 64, 1, n, false, denied},
+		{"denied key (100/s), 64 connections, -P 16", "denied", 64, 16, 2 * n, false, denied},
+	}
+}
+
+// ceiling loads tollgate's script with SCRIPT LOAD and runs it with
+// redis-benchmark.
+func (r *report) ceiling(ctx context.Context) error {
+	if err := r.flushRedis(ctx); err != nil {
+		return err
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr})
+	defer c.Close()
+	sha, err := c.ScriptLoad(ctx, lua.TokenBucket).Result()
+	if err != nil {
+		return fmt.Errorf("SCRIPT LOAD: %w", err)
+	}
+	if sha != lua.TokenBucketSHA1 {
+		return fmt.Errorf("SCRIPT LOAD returned %s, want lua.TokenBucketSHA1 %s", sha, lua.TokenBucketSHA1)
+	}
+	host, port, _ := strings.Cut(r.redis.Addr, ":")
+	for _, run := range r.ceilRuns() {
+		key := "bench:hot"
+		switch {
+		case run.random:
+			key = "bench:__rand_int__"
+		case run.workload == "denied":
+			key = "bench:denied"
+		}
+		args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(run.conns), "-n", strconv.Itoa(run.n),
+			"-P", strconv.Itoa(run.pipeline)}
+		if run.random {
+			args = append(args, "-r", "100000")
+		}
+		args = append(args, "--csv", "EVALSHA", sha, "1", key)
+		args = append(args, strings.Fields(run.limit)...)
+		args = append(args, "1")
+		row := ceilRow{run: run, cmdline: "redis-benchmark " + strings.Join(args, " ")}
+		before, err := r.stats(ctx)
+		if err != nil {
+			return err
+		}
+		out, err := runCmd(ctx, "redis-benchmark", args...)
+		if err == nil {
+			row.rps, row.p50, row.p99, err = parseBenchmarkCSV(out)
+		}
+		if err == nil {
+			after, serr := r.stats(ctx)
+			if serr != nil {
+				return serr
+			}
+			if calls := after.calls["evalsha"] - before.calls["evalsha"]; calls > 0 {
+				row.scriptUs = float64(after.usec["evalsha"]-before.usec["evalsha"]) / float64(calls)
+				row.cpuUs = (after.cpu - before.cpu) * 1e6 / float64(calls)
+			}
+		}
+		row.err = err
+		if err != nil {
+			logf("ceiling %s: %v", run.title, err)
+		} else {
+			logf("ceiling %s: %.0f/s, p50 %.3fms", run.title, row.rps, row.p50)
+		}
+		r.ceilRows = append(r.ceilRows, row)
+	}
+	return nil
+}
+
+// parseBenchmarkCSV reads redis-benchmark --csv: a header line, then
+// "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",
+// "p95_latency_ms","p99_latency_ms","max_latency_ms".
+func parseBenchmarkCSV(out []byte) (rps, p50, p99 float64, err error) {
+	recs, err := csv.NewReader(strings.NewReader(string(out))).ReadAll()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("redis-benchmark output %q: %w", out, err)
+	}
+	if len(recs) < 2 {
+		return 0, 0, 0, fmt.Errorf("redis-benchmark printed no result: %q", out)
+	}
+	col := map[string]int{}
+	for i, h := range recs[0] {
+		col[h] = i
+	}
+	row := recs[len(recs)-1]
+	get := func(name string) (float64, error) {
+		i, ok := col[name]
+		if !ok || i >= len(row) {
+			return 0, fmt.Errorf("redis-benchmark output has no %s column: %q", name, out)
+		}
+		return strconv.ParseFloat(row[i], 64)
+	}
+	if rps, err = get("rps"); err != nil {
+		return
+	}
+	if p50, err = get("p50_latency_ms"); err != nil {
+		return
+	}
+	p99, err = get("p99_latency_ms")
+	return
+}
