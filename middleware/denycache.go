@@ -192,6 +192,19 @@ func tokenTime(lim store.Limit, cost int) time.Duration {
 	return time.Duration(q)
 }
 
+// tokenTimeUp is tokenTime rounded up.
+func tokenTimeUp(lim store.Limit, cost int) time.Duration {
+	hi, lo := bits.Mul64(uint64(cost), uint64(lim.Period))
+	if hi >= uint64(lim.Rate) {
+		return 1<<63 - 1
+	}
+	q, r := bits.Div64(hi, lo, uint64(lim.Rate))
+	if r > 0 {
+		q++
+	}
+	return time.Duration(q)
+}
+
 // denied records the store's denial res of a request of cost under lim,
 // replacing any entry of key. It reads the clock now, after the reply.
 func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Result) {

@@ -202,8 +202,19 @@ func TestDenyCacheExpiresAtRetryTime(t *testing.T) {
 	if w := serveCost(h, 1); w.Code != 200 || cs.n.Load() != 3 {
 		t.Errorf("at the retry time: %d after %d store calls; want 200 from the store (3 calls)", w.Code, cs.n.Load())
 	}
-	if n := middleware.DenyCacheLen(l); n != 0 {
-		t.Errorf("%d entries after an allowed probe, want 0", n)
+	// The probe took the only token: its answer (reset in 1s) says the next
+	// one is due in 1s, so the entry is renewed until then (less the
+	// microsecond of rounding), without asking the store.
+	if n := middleware.DenyCacheLen(l); n != 1 {
+		t.Errorf("%d entries after an allowed probe that emptied the bucket, want 1", n)
+	}
+	ft.add(time.Second - 2*time.Microsecond)
+	if w := serveCost(h, 1); w.Code != 429 || cs.n.Load() != 3 {
+		t.Errorf("just before the next token: %d after %d store calls; want 429 from the cache (3 calls)", w.Code, cs.n.Load())
+	}
+	ft.add(2 * time.Microsecond)
+	if w := serveCost(h, 1); w.Code != 200 || cs.n.Load() != 4 {
+		t.Errorf("at the next token: %d after %d store calls; want 200 from the store (4 calls)", w.Code, cs.n.Load())
 	}
 }
 
@@ -286,7 +297,9 @@ func TestDenyCacheSingleProbe(t *testing.T) {
 		wantProbe  int
 		wantCached bool // the entry is there after the probe
 	}{
-		{name: "probe allowed", wantProbe: 200, wantCached: false},
+		// Allowed, leaving fewer tokens than its cost: the answer says when
+		// the next cost is there, and the entry is renewed until then.
+		{name: "probe allowed", wantProbe: 200, wantCached: true},
 		{name: "probe denied", takeFirst: true, wantProbe: 429, wantCached: true},
 		{name: "probe failed", fail: true, wantProbe: 200 /* FailOpen */, wantCached: false},
 	} {

@@ -341,7 +341,19 @@ func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (store.Re
 	switch {
 	case err == nil && !res.Allowed:
 		l.deny.denied(key, l.limit, cost, res)
-	case verdict == denyProbe: // allowed, or no answer: ask the store again
+	case verdict == denyProbe && err == nil && res.Remaining < cost:
+		// The probe took the tokens that came back and left fewer than
+		// cost: the next request of this cost would be denied until the
+		// bucket holds cost again, at ResetAfter - (Burst-cost)*T, which
+		// the answer gives exactly (less a microsecond for its rounding).
+		// Keep refusing locally until then.
+		wait := res.ResetAfter - tokenTimeUp(l.limit, l.limit.Burst-cost) - time.Microsecond
+		if wait > 0 {
+			l.deny.denied(key, l.limit, cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
+		} else {
+			l.deny.probed(key, gen)
+		}
+	case verdict == denyProbe: // allowed with room left, or no answer: ask the store again
 		l.deny.probed(key, gen)
 	}
 	return res, err
