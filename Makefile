@@ -7,11 +7,17 @@ PKGS        := ./...
 BENCHCOUNT  ?= 6
 BENCHTIME   ?= 1s
 
-.PHONY: test fmt vet lint race bench benchstat fuzz test-faults
+.PHONY: test fmt vet lint race submodules bench benchstat fuzz test-faults
 
 ## test: everything CI runs — formatting, vet, staticcheck, and the race-enabled
-## tests, which start real redis-server processes (a single node and a Cluster).
-test: fmt vet lint race
+## tests, which start real redis-server processes (a single node and a Cluster);
+## the same for the promobserver module, and vet for the bench module (its
+## benchmarks run with `make bench-peers`).
+test: fmt vet lint race submodules
+
+submodules:
+	cd promobserver && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...
+	cd bench && $(GO) vet ./... && $(GO) vet -tags tollgate_batching,tollgate_denycache ./...
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

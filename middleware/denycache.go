@@ -249,6 +249,17 @@ func (d *denyCache) probed(key []byte, gen uint64) {
 	sh.mu.Unlock()
 }
 
+// forget drops the entry of key, if any.
+func (d *denyCache) forget(key []byte) {
+	sh := d.shard(key)
+	sh.mu.Lock()
+	if _, ok := sh.m[string(key)]; ok {
+		delete(sh.m, string(key))
+		sh.n.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
 // makeRoom drops, among a sample of a full shard's entries, those that can
 // refuse nothing more, or if there are none the one that expires first.
 // The caller holds sh.mu.

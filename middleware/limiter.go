@@ -94,7 +94,12 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	// A top-level function has one code pointer, which no other function
 	// shares: this is PeerIP itself, whichever way it was given.
 	l.peerIP = reflect.ValueOf(l.cfg.keyFunc).Pointer() == reflect.ValueOf(keyfuncs.PeerIP).Pointer()
-	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil
+	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil
+	if l.cfg.refund != nil {
+		if _, ok := s.(store.Refunder); !ok {
+			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
+		}
+	}
 	if l.cfg.profile != 0 && !l.cfg.dryRun {
 		l.hdr = headers.NewCache(l.cfg.profile, l.cfg.name, limit.Burst, limit.Period)
 	}
@@ -151,6 +156,9 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 	}
 	if l.cfg.onBreaker != nil {
 		l.cfg.onBreaker(l.cfg.name, from, to)
+	}
+	if o := l.cfg.observer; o != nil {
+		o.Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
 	}
 }
 
@@ -212,7 +220,8 @@ const maxPooledKey = 1024
 
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
-	if c.skip != nil && c.skip(r) {
+	if (c.skip != nil && c.skip(r)) || c.allowedAddr(r) {
+		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -238,17 +247,36 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	if subject == "" && l.hooks {
 		subject = string(key[len(l.prefix) : len(key)-1])
 	}
-
-	res, err := l.decideKey(r.Context(), key, cost)
+	if c.allowKeys != nil && c.allowKeys[subject] {
+		keyBufs.Put(kb)
+		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
+		next.ServeHTTP(w, r)
+		return
+	}
+	d := decision{subject: subject, cost: cost}
+	if c.refund != nil && cost > 0 {
+		d.refundKey = string(key) // kept past the pooled buffer
+	}
+	var start time.Time
+	if c.observer != nil {
+		start = time.Now()
+	}
+	res, local, err := l.decideKey(r.Context(), key, cost)
+	if c.observer != nil {
+		d.latency, d.local = time.Since(start), local
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			keyBufs.Put(kb)
 			return // the client went away: nobody to answer, and not the store's fault
 		}
 		l.storeErrors.Add(1)
+		err = fmt.Errorf("middleware: %s: %w", c.name, err)
 		if c.onError != nil {
-			c.onError(r, fmt.Errorf("middleware: %s: %w", c.name, err))
+			c.onError(r, err)
 		}
+		l.observe(Event{Kind: EventError, KeyClass: KeyClass(subject), Cost: cost, Latency: d.latency, Err: err})
+		l.observe(Event{Kind: EventFallback, KeyClass: KeyClass(subject), Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		switch {
 		case c.policy == FailClosed && !c.dryRun:
 			keyBufs.Put(kb)
@@ -256,6 +284,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			return
 		case c.policy == FailLocal:
 			res, err = l.local.Take(r.Context(), unsafeString(key), l.localLimit, cost)
+			d.local, d.refundKey = true, "" // nothing to give back to the store
 		}
 		if err != nil { // FailOpen, or a cost the local share cannot hold
 			keyBufs.Put(kb)
@@ -264,12 +293,42 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 	}
 	keyBufs.Put(kb) // the key is not used past here: next may take long
-	l.respond(w, r, next, res, subject, cost)
+	l.respond(w, r, next, res, &d)
+}
+
+// decision is what respond needs to know about a request besides the
+// store's answer.
+type decision struct {
+	subject   string
+	cost      int
+	latency   time.Duration
+	local     bool   // decided in process (deny cache, FailLocal)
+	refundKey string // the store key, when a refund rule may give the tokens back
+}
+
+// observe sends e, from this limiter, to the observer if there is one.
+func (l *Limiter) observe(e Event) {
+	if o := l.cfg.observer; o != nil {
+		e.Limiter = l.cfg.name
+		if e.KeyClass == "" && e.Kind != EventBreaker {
+			e.KeyClass = "none"
+		}
+		o.Observe(e)
+	}
 }
 
 // respond writes the headers of a decision and serves or refuses the request.
-func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, res store.Result, subject string, cost int) {
+func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, res store.Result, d *decision) {
 	c := &l.cfg
+	subject, cost := d.subject, d.cost
+	if c.observer != nil {
+		kind := EventAllowed
+		if !res.Allowed {
+			kind = EventDenied
+		}
+		l.observe(Event{Kind: kind, KeyClass: KeyClass(subject), Cost: cost, Latency: d.latency,
+			Result: res, Local: d.local, DryRun: c.dryRun})
+	}
 	var now time.Time // read only where a header needs the wall clock
 	if c.profile&headers.XRateLimitEpoch != 0 && l.hdr != nil {
 		now = time.Now()
@@ -283,6 +342,10 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		}
 		if !res.Allowed && c.onDenied != nil {
 			c.onDenied(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res, DryRun: true})
+		}
+		if d.refundKey != "" && res.Allowed {
+			l.serveRefunding(w, r, next, d.refundKey, cost)
+			return
 		}
 		next.ServeHTTP(w, r)
 		return
@@ -328,14 +391,15 @@ func (l *Limiter) appendKey(b []byte, r *http.Request) (key []byte, subject stri
 // decideKey decides a request of cost on the store key held in key: from
 // the deny cache if it refuses it, otherwise by the store, whose denial
 // the deny cache then records.
-func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (store.Result, error) {
+func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (_ store.Result, local bool, _ error) {
 	if l.deny == nil || cost == 0 { // a read takes nothing: never refused locally
-		return l.decide(ctx, l.keyString(key), cost)
+		res, err := l.decide(ctx, l.keyString(key), cost)
+		return res, false, err
 	}
 	verdict, res, gen := l.deny.check(key, l.limit, cost)
 	if verdict == denyHit {
 		l.denyHits.Add(1)
-		return res, nil
+		return res, true, nil
 	}
 	res, err := l.decide(ctx, l.keyString(key), cost)
 	switch {
@@ -356,7 +420,7 @@ func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (store.Re
 	case verdict == denyProbe: // allowed with room left, or no answer: ask the store again
 		l.deny.probed(key, gen)
 	}
-	return res, err
+	return res, false, err
 }
 
 // keyString returns the store key held in b as a string for one Take.
@@ -475,6 +539,7 @@ func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, err erro
 	if l.cfg.onError != nil {
 		l.cfg.onError(r, err)
 	}
+	l.observe(Event{Kind: EventError, Err: err})
 	if l.cfg.keyError != nil {
 		l.cfg.keyError(w, r, err)
 		return

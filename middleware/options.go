@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/headers"
@@ -86,6 +88,10 @@ type config struct {
 	logger          *slog.Logger
 	loggerSet       bool
 	denyKeys        int
+	observer        Observer
+	refund          func(*http.Request, int) bool
+	allowNets       []netip.Prefix
+	allowKeys       map[string]bool
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
@@ -394,4 +400,107 @@ func WithOnError(fn func(r *http.Request, err error)) Option {
 		c.onError = fn
 		return nil
 	}
+}
+
+// WithObserver sends the limiter's events — allowed, denied, error,
+// fallback, breaker and skipped — to o, with the limiter's name, the class
+// of the key (never the key itself), the cost and the time the decision
+// took. See [SlogObserver] for log/slog; package promobserver (a module of
+// its own) exports them to Prometheus.
+func WithObserver(o Observer) Option {
+	return func(c *config) error {
+		if o == nil {
+			return errors.New("WithObserver: nil Observer")
+		}
+		c.observer = o
+		return nil
+	}
+}
+
+// WithRefund gives a request's tokens back after its response when
+// rule(r, status) is true, status being the code the handler wrote (200 if
+// it wrote none). Refund on 5xx (the client should not pay for the
+// server's failure), or count only failed logins: charge every attempt,
+// refund those that succeed, so that a client is refused after 5 failures
+// whatever its successes. Tokens come back only up to the bucket's
+// capacity. A refund is one more store call, made after the handler
+// returned, under the limiter's timeout; a failed refund is reported
+// through the error hook and the observer and otherwise ignored (the
+// tokens stay taken: the limit errs on the strict side). The store must
+// implement [store.Refunder], as [store.Memory] and [store.Redis] do.
+func WithRefund(rule func(r *http.Request, status int) bool) Option {
+	return func(c *config) error {
+		if rule == nil {
+			return errors.New("WithRefund: nil rule")
+		}
+		c.refund = rule
+		return nil
+	}
+}
+
+// WithAllowList lets requests through without asking the store: each entry
+// is either an IP address or a CIDR prefix ("10.0.0.0/8", "2001:db8::1"),
+// matched against the client's address — the one [keyfuncs.ClientIPMiddleware]
+// resolved, else the TCP peer —, or a key, matched exactly against the
+// subject the key function returns ("user:admin", "key:…"). Allow-listed
+// requests get no rate-limit headers and are reported as skipped.
+func WithAllowList(entries ...string) Option {
+	return func(c *config) error {
+		for _, e := range entries {
+			switch {
+			case e == "":
+				return errors.New("WithAllowList: empty entry")
+			case strings.Contains(e, "/"):
+				p, err := netip.ParsePrefix(e)
+				if err == nil {
+					c.allowNets = append(c.allowNets, p.Masked())
+					continue
+				}
+				if addr, _, _ := strings.Cut(e, "/"); isAddr(addr) {
+					return fmt.Errorf("WithAllowList: %q: %w", e, err) // meant as a network
+				}
+			default:
+				if a, err := netip.ParseAddr(e); err == nil {
+					a = a.Unmap()
+					c.allowNets = append(c.allowNets, netip.PrefixFrom(a, a.BitLen()))
+					continue
+				}
+			}
+			if c.allowKeys == nil {
+				c.allowKeys = map[string]bool{}
+			}
+			c.allowKeys[e] = true
+		}
+		return nil
+	}
+}
+
+// allowedAddr reports whether r's client address is allow-listed.
+func (c *config) allowedAddr(r *http.Request) bool {
+	if len(c.allowNets) == 0 {
+		return false
+	}
+	a, ok := keyfuncs.ClientAddr(r.Context())
+	if !ok {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil {
+			if a, err = netip.ParseAddr(r.RemoteAddr); err != nil {
+				return false
+			}
+		} else {
+			a = ap.Addr()
+		}
+	}
+	a = a.Unmap().WithZone("")
+	for _, p := range c.allowNets {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func isAddr(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
 }

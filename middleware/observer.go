@@ -1,0 +1,180 @@
+package middleware
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// EventKind says what an [Event] reports.
+type EventKind uint8
+
+const (
+	// EventAllowed: the request passed; its tokens were taken.
+	EventAllowed EventKind = iota + 1
+	// EventDenied: the request was refused with 429 (or, in dry-run mode,
+	// would have been).
+	EventDenied
+	// EventError: the request could not be decided normally: a key
+	// function error, a cost out of range, or a store error or timeout.
+	EventError
+	// EventFallback: the store failed and the failure policy decided
+	// instead (served under FailOpen, refused under FailClosed, decided
+	// on the local store under FailLocal). Reported after the EventError
+	// of the same request.
+	EventFallback
+	// EventBreaker: the circuit breaker changed state.
+	EventBreaker
+	// EventSkipped: an allow-list or skip rule let the request through
+	// without asking the store.
+	EventSkipped
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventAllowed:
+		return "allowed"
+	case EventDenied:
+		return "denied"
+	case EventError:
+		return "error"
+	case EventFallback:
+		return "fallback"
+	case EventBreaker:
+		return "breaker"
+	case EventSkipped:
+		return "skipped"
+	}
+	return "unknown"
+}
+
+// Event is one observation of a limiter. It never carries the raw key: a
+// client's address, API key or user id would make an unbounded label set
+// and leak into logs and metrics. KeyClass says what kind of key it was.
+type Event struct {
+	Kind    EventKind
+	Limiter string // the limiter's name (a policy of a tier: "api/pro")
+	// KeyClass is the namespace of the request's key, as the key functions
+	// of package keyfuncs write it ("ip", "user", "key", "route", joined
+	// with "+" for a combination, such as "user+route"), or "other".
+	// It takes few values, so it is safe as a metric label.
+	KeyClass string
+	Cost     int           // tokens asked for
+	Latency  time.Duration // time spent deciding (the store call, or zero)
+	Result   store.Result  // the decision (Allowed, Remaining, …); zero for errors
+	Local    bool          // decided in process: the deny cache, or FailLocal
+	DryRun   bool          // the limiter is in dry-run mode
+	Policy   FailurePolicy // for EventFallback: the policy that decided
+	Err      error         // for EventError (and EventFallback): what failed
+	// From and To are the breaker's states, for EventBreaker.
+	From, To BreakerState
+}
+
+// Observer receives a limiter's events. Observe is called synchronously on
+// the request's goroutine (or, for EventBreaker, the goroutine that moved
+// the breaker), from many goroutines at once: it must be safe for
+// concurrent use and quick — hand slow work to another goroutine.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to [Observer].
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }
+
+// KeyClass returns the class of a key built by package keyfuncs: its
+// namespace prefixes ("ip:1.2.3.4" → "ip", "user:42|route:GET /x" →
+// "user+route"); a key without a known namespace is "other". The result
+// takes few distinct values whatever the keys.
+func KeyClass(key string) string {
+	class := ""
+	for {
+		part, rest, more := strings.Cut(key, "|")
+		ns, _, ok := strings.Cut(part, ":")
+		if ok {
+			ns, ok = knownClass(ns)
+		}
+		if !ok {
+			return "other"
+		}
+		if class == "" {
+			class = ns
+		} else {
+			class += "+" + ns
+		}
+		if !more {
+			return class
+		}
+		key = rest
+	}
+}
+
+// knownClass returns ns as a constant string (not a piece of a request's
+// key, which a metric label would keep alive) when it is a known class.
+func knownClass(ns string) (string, bool) {
+	for _, c := range [...]string{"ip", "user", "key", "route", "tier"} {
+		if ns == c {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+// SlogObserver returns an [Observer] that logs events to l: denials,
+// errors, fallbacks and breaker changes at level Warn (errors, fallbacks,
+// an open breaker) or Info; allowed and skipped requests at Debug, so they
+// cost nothing unless the handler enables Debug.
+func SlogObserver(l *slog.Logger) Observer {
+	return ObserverFunc(func(e Event) {
+		level := slog.LevelInfo
+		switch e.Kind {
+		case EventAllowed, EventSkipped:
+			level = slog.LevelDebug
+		case EventError, EventFallback:
+			level = slog.LevelWarn
+		case EventBreaker:
+			if e.To == BreakerOpen {
+				level = slog.LevelWarn
+			}
+		}
+		ctx := context.Background()
+		if !l.Enabled(ctx, level) {
+			return
+		}
+		attrs := []slog.Attr{
+			slog.String("limiter", e.Limiter),
+			slog.String("event", e.Kind.String()),
+		}
+		switch e.Kind {
+		case EventBreaker:
+			attrs = append(attrs, slog.String("from", e.From.String()), slog.String("to", e.To.String()))
+		default:
+			attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost),
+				slog.Duration("latency", e.Latency))
+			if e.Kind == EventAllowed || e.Kind == EventDenied {
+				attrs = append(attrs, slog.Int("remaining", e.Result.Remaining))
+			}
+			if e.Kind == EventDenied {
+				attrs = append(attrs, slog.Duration("retry_after", e.Result.RetryAfter))
+			}
+			if e.Local {
+				attrs = append(attrs, slog.Bool("local", true))
+			}
+			if e.DryRun {
+				attrs = append(attrs, slog.Bool("dry_run", true))
+			}
+			if e.Kind == EventFallback {
+				attrs = append(attrs, slog.String("policy", e.Policy.String()))
+			}
+			if e.Err != nil {
+				attrs = append(attrs, slog.String("error", e.Err.Error()))
+			}
+		}
+		l.LogAttrs(ctx, level, "tollgate "+e.Kind.String(), attrs...)
+	})
+}

@@ -1,0 +1,67 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// statusWriter records the status code a handler writes.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 { // 1xx are interim responses
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Flush lets streaming handlers flush through the wrapper.
+func (s *statusWriter) Flush() {
+	_ = http.NewResponseController(s.ResponseWriter).Flush()
+}
+
+// Unwrap gives http.ResponseController the writer underneath.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) code() int {
+	if s.status == 0 {
+		return http.StatusOK
+	}
+	return s.status
+}
+
+// serveRefunding serves the request, then gives its cost back to the
+// store key if the refund rule says so.
+func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next http.Handler, key string, cost int) {
+	sw := &statusWriter{ResponseWriter: w}
+	next.ServeHTTP(sw, r)
+	if !l.cfg.refund(r, sw.code()) {
+		return
+	}
+	if l.deny != nil {
+		l.deny.forget([]byte(key)) // tokens came back: a cached denial may be wrong now
+	}
+	refunder := l.store.(store.Refunder) // checked by New
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
+	defer cancel()
+	if _, err := refunder.Refund(ctx, key, l.limit, cost); err != nil {
+		err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
+		if l.cfg.onError != nil {
+			l.cfg.onError(r, err)
+		}
+		l.observe(Event{Kind: EventError, Cost: cost, Err: err})
+	}
+}
