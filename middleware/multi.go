@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/headers"
@@ -74,7 +75,8 @@ type plan struct {
 }
 
 type policy struct {
-	name   string
+	name   string // in the headers
+	event  string // in events: "<tier>/<name>", or name
 	limit  store.Limit
 	local  store.Limit // FailLocal's share
 	key    keyfuncs.KeyFunc
@@ -115,8 +117,8 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 			return nil, fmt.Errorf("middleware: Tiers: tier %q has no policies", tier)
 		}
 		if tier != "" {
-			if err := WithName(tier)(&config{}); err != nil {
-				return nil, fmt.Errorf("middleware: Tiers: tier %q: %w", tier, err)
+			if err := WithName(tier)(&config{}); err != nil || strings.Contains(tier, "/") {
+				return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
 			}
 		}
 		p := &plan{}
@@ -147,9 +149,13 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	if err := WithName(name)(&config{}); err != nil {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy: %w", tier, err)
 	}
-	q := policy{name: name, limit: p.Limit, key: p.Key, prefix: name + ":{"}
+	if strings.Contains(name, "/") {
+		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: '/' is not allowed (it separates tier and policy)", tier, name)
+	}
+	q := policy{name: name, event: name, limit: p.Limit, key: p.Key, prefix: name + ":{"}
 	if tier != "" {
 		q.prefix = tier + "/" + q.prefix
+		q.event = tier + "/" + name
 	}
 	if q.key == nil {
 		q.key = m.base.cfg.keyFunc
@@ -292,7 +298,7 @@ func (m *Multi) takeAll(ctx context.Context, reqs []store.Request) ([]store.Resu
 
 func (m *Multi) observe(p *policy, e Event) {
 	if o := m.base.cfg.observer; o != nil {
-		e.Limiter = p.name
+		e.Limiter = p.event
 		if e.KeyClass == "" {
 			e.KeyClass = "none"
 		}
@@ -363,16 +369,16 @@ func (m *Multi) respond(w http.ResponseWriter, r *http.Request, next http.Handle
 // refund gives every policy's tokens back, one call per policy.
 func (m *Multi) refund(r *http.Request, reqs []store.Request) {
 	l := m.base
+	if l.BreakerState() == BreakerOpen {
+		l.refundFailed(r, reqs[0].Cost, ErrBreakerOpen)
+		return
+	}
 	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	for _, q := range reqs {
 		if _, err := refunder.Refund(ctx, q.Key, q.Limit, q.Cost); err != nil {
-			err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
-			if l.cfg.onError != nil {
-				l.cfg.onError(r, err)
-			}
-			l.observe(Event{Kind: EventError, Cost: q.Cost, Err: err})
+			l.refundFailed(r, q.Cost, err)
 		}
 	}
 }

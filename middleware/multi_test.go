@@ -423,7 +423,9 @@ func TestKeyClass(t *testing.T) {
 		"":                             "other",
 		"user:42|nonsense":             "other",
 		"weird:1":                      "other",
-		"tier:pro|user:1|route:/x|ip:": "tier+user+route+ip",
+		"tier:pro|user:1|route:/x|ip:": "other",      // more than three kinds
+		"user:a\\|ip:x|route:/":        "user+route", // an escaped bar inside a part
+		"user:x|ip:|ip:|ip:":           "user+ip",    // repeats add nothing
 	} {
 		if got := middleware.KeyClass(key); got != want {
 			t.Errorf("KeyClass(%q) = %q; want %q", key, got, want)
@@ -469,6 +471,29 @@ func TestNewMultiValidates(t *testing.T) {
 	} {
 		if err := f(); err == nil {
 			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestAllowListParsing(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	for _, bad := range []string{"10.0.0.0/33", "192.168.1/24", " 10.0.0.1", "", "admin", "User:x", "::ffff:10.0.0.0/64", "user:"} {
+		if _, err := middleware.New(m, store.PerMinute(1), middleware.WithAllowList(bad)); err == nil {
+			t.Errorf("WithAllowList(%q): no error", bad)
+		}
+	}
+	l := mustNew(t, m, store.PerMinute(1), middleware.WithAllowList("::ffff:10.0.0.0/104", "fe80::1%eth0", "route:GET /health"))
+	h := l.Handler(okHandlerFunc)
+	for _, remote := range []string{"10.9.9.9:1", "[::ffff:10.1.1.1]:1", "[fe80::1%eth0]:1"} {
+		for range 3 {
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.RemoteAddr = remote
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code != 200 || w.Header().Get("RateLimit") != "" {
+				t.Errorf("%s: %d, RateLimit %q; want allow-listed (200, no headers)", remote, w.Code, w.Header().Get("RateLimit"))
+			}
 		}
 	}
 }

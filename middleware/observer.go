@@ -2,10 +2,13 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/store"
 )
 
@@ -89,12 +92,28 @@ func (f ObserverFunc) Observe(e Event) { f(e) }
 
 // KeyClass returns the class of a key built by package keyfuncs: its
 // namespace prefixes ("ip:1.2.3.4" → "ip", "user:42|route:GET /x" →
-// "user+route"); a key without a known namespace is "other". The result
-// takes few distinct values whatever the keys.
+// "user+route", the parts split as [keyfuncs.Join] escapes them, repeats
+// dropped); a key without a known namespace, or with more than three kinds
+// of part, is "other". The result takes few distinct values (at most 85)
+// whatever the keys, so a client cannot multiply metric series.
 func KeyClass(key string) string {
-	class := ""
-	for {
-		part, rest, more := strings.Cut(key, "|")
+	var parts [3]string
+	n := 0
+	for key != "" {
+		// The next part ends at a '|' that Join did not escape.
+		end := len(key)
+		for i := 0; i < len(key); i++ {
+			if key[i] == '\\' {
+				i++
+				continue
+			}
+			if key[i] == '|' {
+				end = i
+				break
+			}
+		}
+		part := key[:end]
+		key = key[min(end+1, len(key)):]
 		ns, _, ok := strings.Cut(part, ":")
 		if ok {
 			ns, ok = knownClass(ns)
@@ -102,16 +121,22 @@ func KeyClass(key string) string {
 		if !ok {
 			return "other"
 		}
-		if class == "" {
-			class = ns
-		} else {
-			class += "+" + ns
+		if slices.Contains(parts[:n], ns) {
+			continue // a repeated namespace adds nothing
 		}
-		if !more {
-			return class
+		if n == len(parts) {
+			return "other" // at most three kinds: the set of classes stays small
 		}
-		key = rest
+		parts[n] = ns
+		n++
 	}
+	switch n {
+	case 0:
+		return "other"
+	case 1:
+		return parts[0]
+	}
+	return strings.Join(parts[:n], "+")
 }
 
 // knownClass returns ns as a constant string (not a piece of a request's
@@ -125,11 +150,35 @@ func knownClass(ns string) (string, bool) {
 	return "", false
 }
 
+// ErrorKind classifies an event's error without its text, which may quote
+// the key: "timeout", "canceled", "breaker_open", "no_key", "cost",
+// "config" or "store".
+func ErrorKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, ErrBreakerOpen):
+		return "breaker_open"
+	case errors.Is(err, ErrCostOutOfRange):
+		return "cost"
+	case errors.Is(err, keyfuncs.ErrInvalidConfig):
+		return "config"
+	case errors.Is(err, keyfuncs.ErrNoKey):
+		return "no_key"
+	}
+	return "store"
+}
+
 // SlogObserver returns an [Observer] that logs events to l: denials,
 // errors, fallbacks and breaker changes at level Warn (errors, fallbacks,
 // an open breaker) or Info; allowed and skipped requests at Debug, so they
 // cost nothing unless the handler enables Debug.
 func SlogObserver(l *slog.Logger) Observer {
+	if l == nil {
+		l = slog.Default()
+	}
 	return ObserverFunc(func(e Event) {
 		level := slog.LevelInfo
 		switch e.Kind {
@@ -172,7 +221,8 @@ func SlogObserver(l *slog.Logger) Observer {
 				attrs = append(attrs, slog.String("policy", e.Policy.String()))
 			}
 			if e.Err != nil {
-				attrs = append(attrs, slog.String("error", e.Err.Error()))
+				// The kind only: an error's text may quote the key.
+				attrs = append(attrs, slog.String("error", ErrorKind(e.Err)))
 			}
 		}
 		l.LogAttrs(ctx, level, "tollgate "+e.Kind.String(), attrs...)

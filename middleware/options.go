@@ -447,24 +447,16 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
-			switch {
-			case e == "":
-				return errors.New("WithAllowList: empty entry")
-			case strings.Contains(e, "/"):
-				p, err := netip.ParsePrefix(e)
-				if err == nil {
-					c.allowNets = append(c.allowNets, p.Masked())
-					continue
-				}
-				if addr, _, _ := strings.Cut(e, "/"); isAddr(addr) {
-					return fmt.Errorf("WithAllowList: %q: %w", e, err) // meant as a network
-				}
-			default:
-				if a, err := netip.ParseAddr(e); err == nil {
-					a = a.Unmap()
-					c.allowNets = append(c.allowNets, netip.PrefixFrom(a, a.BitLen()))
-					continue
-				}
+			if p, ok, err := parseAllowNet(e); err != nil {
+				return fmt.Errorf("WithAllowList: %q: %w", e, err)
+			} else if ok {
+				c.allowNets = append(c.allowNets, p)
+				continue
+			}
+			// A key: "<namespace>:<subject>", as the key functions write them.
+			ns, rest, ok := strings.Cut(e, ":")
+			if !ok || ns == "" || rest == "" || strings.TrimFunc(ns, isLower) != "" {
+				return fmt.Errorf("WithAllowList: %q is neither an IP address, a CIDR prefix nor a key such as \"user:admin\"", e)
 			}
 			if c.allowKeys == nil {
 				c.allowKeys = map[string]bool{}
@@ -473,6 +465,35 @@ func WithAllowList(entries ...string) Option {
 		}
 		return nil
 	}
+}
+
+func isLower(r rune) bool { return 'a' <= r && r <= 'z' }
+
+// parseAllowNet reads an allow-list entry as an address or a prefix (ok),
+// or says it is none (a key), or that it is a malformed one.
+func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
+	addr, bits, isPrefix := strings.Cut(e, "/")
+	a, aerr := netip.ParseAddr(addr)
+	if aerr != nil {
+		if strings.Trim(e, "0123456789abcdefABCDEF.:/%[] ") == "" {
+			return p, false, fmt.Errorf("not an IP address or prefix: %w", aerr)
+		}
+		return p, false, nil // a key
+	}
+	if !isPrefix {
+		a = a.Unmap().WithZone("")
+		return netip.PrefixFrom(a, a.BitLen()), true, nil
+	}
+	if p, err = netip.ParsePrefix(e); err != nil {
+		return p, false, err
+	}
+	if a.Is4In6() { // clients' addresses are unmapped: so is the prefix
+		if p.Bits() < 96 {
+			return p, false, fmt.Errorf("an IPv4-mapped prefix shorter than /96 (%s)", bits)
+		}
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p.Masked(), true, nil
 }
 
 // allowedAddr reports whether r's client address is allow-listed.
@@ -498,9 +519,4 @@ func (c *config) allowedAddr(r *http.Request) bool {
 		}
 	}
 	return false
-}
-
-func isAddr(s string) bool {
-	_, err := netip.ParseAddr(s)
-	return err == nil
 }

@@ -1,8 +1,10 @@
 package middleware
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 
 	"github.com/tollgate-go/tollgate/store"
@@ -33,6 +35,12 @@ func (s *statusWriter) Flush() {
 	_ = http.NewResponseController(s.ResponseWriter).Flush()
 }
 
+// Hijack lets a handler take over the connection (WebSocket upgrades)
+// through the wrapper, when the writer underneath allows it.
+func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(s.ResponseWriter).Hijack()
+}
+
 // Unwrap gives http.ResponseController the writer underneath.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
@@ -51,17 +59,31 @@ func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next ht
 	if !l.cfg.refund(r, sw.code()) {
 		return
 	}
-	if l.deny != nil {
-		l.deny.forget([]byte(key)) // tokens came back: a cached denial may be wrong now
+	if l.BreakerState() == BreakerOpen {
+		l.refundFailed(r, cost, ErrBreakerOpen) // no waiting on a store known to fail
+		return
 	}
 	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
-	if _, err := refunder.Refund(ctx, key, l.limit, cost); err != nil {
-		err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
-		if l.cfg.onError != nil {
-			l.cfg.onError(r, err)
-		}
-		l.observe(Event{Kind: EventError, Cost: cost, Err: err})
+	_, err := refunder.Refund(ctx, key, l.limit, cost)
+	if err != nil {
+		l.refundFailed(r, cost, err)
+		return
 	}
+	if l.deny != nil {
+		// Tokens came back: a denial cached meanwhile may be wrong now.
+		// (Other servers' caches keep theirs until they expire.)
+		l.deny.forget([]byte(key))
+	}
+}
+
+// refundFailed reports a refund that could not be made: the tokens stay
+// taken.
+func (l *Limiter) refundFailed(r *http.Request, cost int, err error) {
+	err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
+	if l.cfg.onError != nil {
+		l.cfg.onError(r, err)
+	}
+	l.observe(Event{Kind: EventError, Cost: cost, Err: err})
 }

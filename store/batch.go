@@ -95,6 +95,11 @@ func (b *batcher) do(ctx context.Context, c *call, direct bool) (err error, aban
 	case <-c.done:
 		return c.err, false
 	case <-ctx.Done():
+		select {
+		case <-c.done: // answered as ctx ended: the answer counts
+			return c.err, false
+		default:
+		}
 		return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), true
 	}
 }

@@ -143,13 +143,14 @@ func (r *Redis) one(ctx context.Context, key string, p *params, limit Limit, cos
 	c.args1 = [4]any{v[0], v[1], v[2], cost}
 	c.keys, c.args, c.res = c.keys1[:], c.args1[:], c.res1[:]
 	err, abandoned := r.exec(ctx, c)
-	res := c.res1[0]
-	if !abandoned {
-		c.release()
-	}
 	if err != nil {
+		if !abandoned {
+			c.release()
+		}
 		return Result{}, err
 	}
+	res := c.res1[0]
+	c.release()
 	res.Limit = limit
 	return res, nil
 }
@@ -190,13 +191,18 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			continue
 		}
 		// Denied: give back what the earlier groups took, and read the
-		// buckets of the groups not asked.
-		if err := r.giveBack(ctx, reqs, ps, taken, out); err != nil {
-			return nil, err
-		}
+		// buckets of the groups not asked. The denial stands whatever
+		// happens to these calls.
+		r.giveBack(ctx, reqs, ps, taken, out)
 		for _, rest := range groups[gi+1:] {
-			if err := r.group(ctx, reqs, ps, rest, out, 0); err != nil {
-				return nil, err
+			for _, i := range rest {
+				out[i] = Result{Limit: reqs[i].Limit}
+			}
+			r.afterDenial(ctx, func(ctx context.Context) error { return r.group(ctx, reqs, ps, rest, out, 0) })
+			for _, i := range rest {
+				// Read, not asked: when would this bucket hold its cost?
+				full := time.Duration(ps[i].times(ps[i].burst-int64(reqs[i].Cost)).ceil()) * time.Microsecond
+				out[i].RetryAfter = max(out[i].ResetAfter-full, 0)
 			}
 		}
 		for i := range out {
@@ -205,6 +211,17 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		return out, nil
 	}
 	return out, nil
+}
+
+// giveBackTimeout bounds the calls that follow a denial by a later group of
+// a TakeAll: they run even when the caller's deadline has passed.
+const giveBackTimeout = 100 * time.Millisecond
+
+// afterDenial runs f under its own short deadline, not the caller's.
+func (r *Redis) afterDenial(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	return f(ctx)
 }
 
 // groups splits reqs by hash tag (one group for a client that is neither
@@ -261,7 +278,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 // buckets as they then stand into out.
 func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int, out []Result) error {
 	for _, g := range taken {
-		if err := r.group(ctx, reqs, ps, g, out, -1); err != nil {
+		if err := r.afterDenial(ctx, func(ctx context.Context) error { return r.group(ctx, reqs, ps, g, out, -1) }); err != nil {
 			return fmt.Errorf("store: take all: giving back the tokens taken before a denial: %w", err)
 		}
 	}
@@ -307,6 +324,11 @@ func (r *Redis) bounded(ctx context.Context, c *call, direct bool) (err error, a
 	case <-c.done:
 		return c.err, false
 	case <-ctx.Done():
+		select {
+		case <-c.done: // answered as ctx ended: the answer counts
+			return c.err, false
+		default:
+		}
 		return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), true
 	}
 }

@@ -386,6 +386,22 @@ func takeAll(t *testing.T, h Harness, shareTag bool) {
 	if n := remaining(t, s, other, userLim); n != 5 {
 		t.Errorf("second bucket after a denial by the first holds %d; want 5", n)
 	}
+	// Both denied: every violated bucket says when it would have room,
+	// whether or not the store asked it (a Cluster stops at the first
+	// denying tag).
+	drained := "{" + base + "}:drained"
+	if !shareTag {
+		drained = "{" + base + ":d}:drained"
+	}
+	if _, err := s.Take(ctx, drained, userLim, 5); err != nil {
+		t.Fatal(err)
+	}
+	res, err = s.TakeAll(ctx, []store.Request{{Key: global, Limit: globalLim, Cost: 1}, {Key: drained, Limit: userLim, Cost: 1}})
+	if err != nil || res[0].Allowed || res[0].RetryAfter <= 0 || res[1].RetryAfter <= 0 {
+		t.Errorf("TakeAll on two empty buckets = %+v, %v; want denied, a RetryAfter for each", res, err)
+	} else if d := res[1].RetryAfter - 12*time.Minute; d < -time.Second || d > time.Second {
+		t.Errorf("TakeAll on two empty buckets: second RetryAfter %v; want about 12m (one token of 5/h)", res[1].RetryAfter)
+	}
 	// One request alone behaves like Take.
 	res, err = s.TakeAll(ctx, []store.Request{{Key: user, Limit: userLim, Cost: 3}})
 	if err != nil || len(res) != 1 || !res[0].Allowed || res[0].Remaining != 0 {
