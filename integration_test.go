@@ -6,6 +6,8 @@ package tollgate_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,8 @@ import (
 
 	"github.com/tollgate-go/tollgate/internal/leaktest"
 	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/keyfuncs"
+	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
 )
 
@@ -230,5 +234,94 @@ func TestScriptReloadedAfterFlush(t *testing.T) {
 		if err != nil || !r.Allowed || r.Remaining != 9-i {
 			t.Fatalf("Take %d after SCRIPT FLUSH = %+v, %v", i, r, err)
 		}
+	}
+}
+
+// TestAccuracyDenyCacheAndBatching: 4 app servers, each a middleware with
+// its own go-redis client, a batching store and a deny cache, share one
+// client's bucket; 64 goroutines send requests for 5 s at 100/s, burst 50.
+// The deny cache and batching must not loosen the limit, nor tighten it
+// beyond the tolerance, and the cache must spare Redis most calls.
+func TestAccuracyDenyCacheAndBatching(t *testing.T) {
+	srv := redistest.Server(t)
+	lim := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
+	prefix := fmt.Sprintf("accuracy-cache:%d:", time.Now().UnixNano())
+	var calls atomic.Int64
+	var handlers []http.Handler
+	for range 4 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
+		t.Cleanup(func() { c.Close() })
+		c.AddHook(scriptCounter{&calls})
+		l, err := middleware.New(store.NewRedis(c, store.WithKeyPrefix(prefix)), lim,
+			middleware.WithName("acc"), middleware.WithKeyFunc(keyfuncs.Static("one-client")),
+			middleware.WithDenyCache(1000), middleware.WithTimeout(time.Second), middleware.WithLogger(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		handlers = append(handlers, l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	}
+	var allowed, denied, other atomic.Int64
+	start := time.Now()
+	deadline := start.Add(5 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 64 {
+		h := handlers[g%len(handlers)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+				switch w.Code {
+				case http.StatusOK:
+					allowed.Add(1)
+				case http.StatusTooManyRequests:
+					denied.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	ideal := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+	ratio := float64(allowed.Load()) / ideal
+	perDenied := float64(calls.Load()-allowed.Load()) / float64(max(denied.Load(), 1))
+	t.Logf("4 servers × 16 goroutines for %v: %d allowed, %d denied, %d other; ideal %.1f; allowed/ideal = %.4f; "+
+		"%d script calls (%.4f per request, %.4f beyond the allowed per denied request)",
+		elapsed.Round(time.Millisecond), allowed.Load(), denied.Load(), other.Load(), ideal, ratio,
+		calls.Load(), float64(calls.Load())/float64(allowed.Load()+denied.Load()), perDenied)
+	if other.Load() > 0 {
+		t.Errorf("%d answers other than 200 and 429", other.Load())
+	}
+	if ratio < 0.97 || float64(allowed.Load()) > ideal+1 {
+		t.Errorf("allowed/ideal = %.4f (%d of %.1f); want within [0.97, 1.00] plus one token", ratio, allowed.Load(), ideal)
+	}
+	if perDenied > 0.01 {
+		t.Errorf("%.4f script calls per denied request beyond the allowed ones; want at most 0.01", perDenied)
+	}
+}
+
+// scriptCounter counts the script calls a client sends, alone or pipelined.
+type scriptCounter struct{ n *atomic.Int64 }
+
+func (h scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
 	}
 }

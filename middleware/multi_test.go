@@ -83,6 +83,10 @@ func TestMultiDeniedConsumesNothing(t *testing.T) {
 					if len(got) != 1 || got[0] != `"per-user";r=4;t=720, "global";r=19;t=180` {
 						t.Errorf("RateLimit = %q; want both policies", got)
 					}
+					// The single-value trio reports the tightest policy.
+					if l, r := w.Header().Get("RateLimit-Limit"), w.Header().Get("RateLimit-Remaining"); l != "5" || r != "4" {
+						t.Errorf("RateLimit-Limit %q, -Remaining %q; want the per-user policy's 5 and 4", l, r)
+					}
 				}
 			}
 		}
