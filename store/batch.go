@@ -91,6 +91,12 @@ func (b *batcher) do(ctx context.Context, c *call, direct bool) (err error, aban
 	if start {
 		go b.work()
 	}
+	return c.wait(ctx)
+}
+
+// wait waits until c is answered or ctx ends; abandoned is true when ctx
+// ended first, and another goroutine still holds c.
+func (c *call) wait(ctx context.Context) (err error, abandoned bool) {
 	select {
 	case <-c.done:
 		return c.err, false

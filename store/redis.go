@@ -320,17 +320,7 @@ func (r *Redis) bounded(ctx context.Context, c *call, direct bool) (err error, a
 		}()
 		c.answer(r.run(ctx, c))
 	}()
-	select {
-	case <-c.done:
-		return c.err, false
-	case <-ctx.Done():
-		select {
-		case <-c.done: // answered as ctx ended: the answer counts
-			return c.err, false
-		default:
-		}
-		return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), true
-	}
+	return c.wait(ctx)
 }
 
 // run sends c's script call on this goroutine (EVALSHA, then EVAL on
