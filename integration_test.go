@@ -241,7 +241,8 @@ func TestScriptReloadedAfterFlush(t *testing.T) {
 // its own go-redis client, a batching store and a deny cache, share one
 // client's bucket; 64 goroutines send requests for 5 s at 100/s, burst 50.
 // The deny cache and batching must not loosen the limit, nor tighten it
-// beyond the tolerance, and the cache must spare Redis most calls.
+// beyond the tolerance, and the cache must spare Redis most calls: they
+// follow the tokens that come back, not the requests.
 func TestAccuracyDenyCacheAndBatching(t *testing.T) {
 	srv := redistest.Server(t)
 	lim := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
@@ -298,8 +299,11 @@ func TestAccuracyDenyCacheAndBatching(t *testing.T) {
 	if ratio < 0.97 || float64(allowed.Load()) > ideal+1 {
 		t.Errorf("allowed/ideal = %.4f (%d of %.1f); want within [0.97, 1.00] plus one token", ratio, allowed.Load(), ideal)
 	}
-	if perDenied > 0.01 {
-		t.Errorf("%.4f script calls per denied request beyond the allowed ones; want at most 0.01", perDenied)
+	// Calls per request depend on how fast the goroutines send; what the
+	// cache bounds is the calls per returned token: on each server, about
+	// one probe and at most one denial each time a token comes back.
+	if bound := 2 * float64(len(handlers)) * ideal; float64(calls.Load()) > bound {
+		t.Errorf("%d script calls; want at most %.0f (2 per returned token per server), whatever the request rate", calls.Load(), bound)
 	}
 }
 
