@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -178,6 +179,13 @@ func TestBatchingDropsAbandonedCalls(t *testing.T) {
 		t.Skip("needs a server of its own to pause")
 	}
 	client := srv.Client(t)
+	sent := make(chan struct{})
+	var once sync.Once
+	client.AddHook(sendHook(func(cmd redis.Cmder) {
+		if args := cmd.Args(); len(args) > 3 && strings.HasSuffix(fmt.Sprint(args[3]), ":first") { // EVALSHA sha 1 key ...
+			once.Do(func() { close(sent) })
+		}
+	}))
 	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
 	limit := store.PerMinute(10)
 	if _, err := s.Take(context.Background(), "warm", limit, 1); err != nil {
@@ -198,7 +206,11 @@ func TestBatchingDropsAbandonedCalls(t *testing.T) {
 		_, err := s.Take(ctx, "first", limit, 1)
 		first <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first Take was never sent")
+	}
 	// ...so these wait in the queue until their deadline.
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -213,8 +225,7 @@ func TestBatchingDropsAbandonedCalls(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Fatalf("the Take in flight: %v", err)
 	}
-	// The queue has been drained by now; the abandoned Takes were dropped.
-	time.Sleep(50 * time.Millisecond)
+	// This read queues behind the abandoned Takes, which the worker drops.
 	res, err := s.Take(context.Background(), "abandoned", limit, 0)
 	if err != nil || res.Remaining != limit.Burst {
 		t.Errorf("after 5 abandoned Takes the bucket = %+v, %v; want full (%d)", res, err, limit.Burst)
@@ -290,5 +301,24 @@ func TestBatchingClusterNodeIsolation(t *testing.T) {
 	}
 	if d := time.Duration(slowest.Load()); d > 150*time.Millisecond {
 		t.Errorf("a Take on a healthy master took %v while another master hung; want it unaffected", d)
+	}
+}
+
+// sendHook calls f for every command sent, alone or in a pipeline.
+type sendHook func(redis.Cmder)
+
+func (h sendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h sendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h sendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h(cmd)
+		}
+		return next(ctx, cmds)
 	}
 }
