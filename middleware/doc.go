@@ -50,4 +50,20 @@
 // own item to the RateLimit and RateLimit-Policy fields, and the
 // single-value fields report the tightest. A request refused by an inner
 // limiter has already been counted by the outer ones.
+//
+// [Multi] avoids that: [NewMulti] decides several [Policy] values (10/s
+// and 1000/h per user, a per-route limit, a global limit) in one
+// [store.MultiStore.TakeAll], all or nothing, so a request refused by one
+// policy consumes from none; [NewTiered] picks the policies per request
+// ([Tiers]: free, pro, …) without rebuilding the middleware.
+//
+// # Refunds, allow-lists, observability
+//
+// [WithRefund] gives a request's tokens back after its response when a
+// rule of the request and status says so (refund 5xx; count only failed
+// logins). [WithAllowList] lets addresses, networks and keys through
+// without asking the store. [WithObserver] reports every decision, error,
+// fallback, skip and breaker transition as an [Event] carrying the key's
+// class ([KeyClass]), never the key; [SlogObserver] logs them, and the
+// promobserver module exports them to Prometheus with bounded labels.
 package middleware

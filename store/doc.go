@@ -18,6 +18,14 @@
 // Redis's own clock, so the clocks of app servers never enter a decision;
 // [Memory] uses the process's monotonic clock.
 //
+// # Several buckets, refunds, batching
+//
+// Both stores implement [MultiStore]: TakeAll takes from several buckets
+// (per user and global, per second and per hour) all or nothing, and
+// [Refunder]: Refund gives tokens back, never above capacity. [Redis]
+// batches concurrent Takes into pipelines per node ([WithBatching]), with
+// no linger at low load.
+//
 // # Keys and memory
 //
 // A bucket exists only while it is not full. Redis keys carry a TTL equal to
