@@ -81,7 +81,6 @@ type policy struct {
 	local  store.Limit // FailLocal's share
 	key    keyfuncs.KeyFunc
 	prefix string // "<tier>/<name>:{"
-	hdr    *headers.Cache
 }
 
 // NewMulti returns middleware that enforces every one of policies on each
@@ -161,9 +160,6 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 		q.key = m.base.cfg.keyFunc
 	}
 	c := &m.base.cfg
-	if c.profile != 0 && !c.dryRun {
-		q.hdr = headers.NewCache(c.profile, name, p.Limit.Burst, p.Limit.Period)
-	}
 	q.local = store.Limit{
 		Rate:   p.Limit.Rate,
 		Period: p.Limit.Period * time.Duration(c.replicas),
@@ -319,13 +315,14 @@ func (m *Multi) respond(w http.ResponseWriter, r *http.Request, next http.Handle
 		now = time.Now()
 	}
 	h := w.Header()
+	writeHeaders := c.profile != 0 && !c.dryRun // as a Limiter: none in dry-run mode
 	var retry time.Duration
 	violated := -1
 	for i := range p.policies {
 		pol := &p.policies[i]
 		q := headers.Quota{Name: pol.name, Limit: res[i].Limit.Burst, Window: res[i].Limit.Period,
 			Remaining: res[i].Remaining, Reset: NextToken(res[i])}
-		if pol.hdr != nil {
+		if writeHeaders {
 			headers.Write(h, c.profile, q, now)
 		}
 		kind := EventAllowed
