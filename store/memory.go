@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -12,7 +14,7 @@ import (
 )
 
 // DefaultMaxKeys is the number of live buckets a [Memory] store holds at
-// most unless [WithMaxKeys] says otherwise. A bucket costs about 100 bytes
+// most unless [WithMaxKeys] says otherwise. A bucket costs about 150 bytes
 // plus its key.
 const DefaultMaxKeys = 1_000_000
 
@@ -27,10 +29,12 @@ const maxShards = 64
 // monotonic clock, with the same semantics as [Redis]. It serves single
 // servers, tests, and degraded mode when Redis is unreachable.
 //
-// Buckets live in shards, each under its own lock, so decisions on different
-// keys rarely contend. The store is bounded: buckets that are full again are
-// dropped (incrementally, by a background sweeper and whenever a shard is at
-// capacity), and no more than MaxKeys buckets live at once. When a flood of
+// Buckets live in shards. A decision on a known key finds its bucket
+// without a lock and holds only that bucket's lock, so decisions on
+// different keys never contend, and one hot key contends only with itself.
+// The store is bounded: buckets that are full again are dropped
+// (incrementally, by a background sweeper, when read full, and whenever a
+// shard is at capacity), and no more than MaxKeys buckets live at once. When a flood of
 // distinct keys fills a shard, the sampled bucket nearest to full is
 // forgotten to make room, which can only loosen a limit, never tighten it.
 //
@@ -39,6 +43,7 @@ const maxShards = 64
 type Memory struct {
 	shards   []memShard
 	mask     uint32
+	seed     maphash.Seed
 	shardCap int
 	clock    func() time.Time // nil: the monotonic clock below
 	start    time.Time
@@ -51,13 +56,41 @@ type Memory struct {
 	closeOnce sync.Once
 }
 
+// A shard finds a key's bucket without a lock: read is a snapshot of the
+// shard's map that is never written once published. Keys that are not in
+// it yet, and buckets dropped since, are looked up in dirty, the shard's
+// map of every live bucket, under mu; once the misses add up to dirty's
+// size, dirty is copied into a new snapshot (as sync.Map does), which keeps
+// the copying at one entry per miss.
+//
+// Lock order: a shard's mu before a cell's mu. Only TakeAll holds several
+// cells, and it holds the mu of every shard involved first.
 type memShard struct {
+	read   atomic.Pointer[map[string]*cell]
 	mu     sync.Mutex
-	m      map[string]*bucket // pointers: an update is one map lookup, not two
-	cached bool               // limit and params hold the last valid Limit seen
-	limit  Limit
-	params params
+	dirty  map[string]*cell
+	misses int
 	_      [64]byte // keep shards on separate cache lines
+}
+
+// A cell is one live bucket: its state under its own lock, so decisions on
+// different keys never wait for each other, and the parameters of the last
+// Limit it was decided with, which saves validating and dividing on nearly
+// every call.
+type cell struct {
+	mu sync.Mutex
+	b  bucket // b.rate == 0: dropped from the store; look the key up again
+	p  params
+}
+
+// matches reports whether p holds the parameters of l (then l is valid).
+func (p *params) matches(l Limit) bool {
+	return p.rate == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*int64(time.Microsecond) == int64(l.Period)
+}
+
+// full reports whether bucket b holds all its tokens at instant now.
+func (b *bucket) full(now int64) bool {
+	return b.tat.u < now || (b.tat.u == now && b.tat.f == 0)
 }
 
 // MemoryOption configures a [Memory] store.
@@ -108,6 +141,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	m := &Memory{
 		shards:   make([]memShard, n),
 		mask:     uint32(n - 1),
+		seed:     maphash.MakeSeed(),
 		shardCap: cfg.maxKeys / n,
 		clock:    cfg.clock,
 		start:    time.Now(),
@@ -117,7 +151,9 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	m.startUs = m.start.UnixMicro()
 	m.startNs = nanotime()
 	for i := range m.shards {
-		m.shards[i].m = make(map[string]*bucket)
+		sh := &m.shards[i]
+		sh.dirty = make(map[string]*cell)
+		sh.read.Store(&map[string]*cell{})
 	}
 	if cfg.sweep > 0 {
 		go m.sweepLoop(cfg.sweep)
@@ -133,105 +169,180 @@ func NewMemory(opts ...MemoryOption) *Memory {
 //
 // Take keeps no reference to key once it returns (a key it stores is
 // copied), so a caller may pass a string whose bytes it reuses afterwards.
-func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Result, error) {
-	if len(key) > maxKeyLen {
-		key = hashKey(key)
-	}
-	now := m.nowUs() // read outside the lock: the clock is the slowest step
-	sh := &m.shards[shardOf(key)&m.mask]
-	sh.mu.Lock()
-	// Each shard remembers the last Limit it validated, which saves the
-	// divisions of Limit.params on nearly every call.
-	if !sh.cached || limit != sh.limit {
-		p, err := limit.params()
-		if err != nil {
-			sh.mu.Unlock()
+func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
+	if cost < 0 || cost > limit.Burst {
+		if err := limit.Validate(); err != nil {
 			return Result{}, err
 		}
-		sh.limit, sh.params, sh.cached = limit, p, true
-	}
-	if cost < 0 || cost > limit.Burst {
-		sh.mu.Unlock()
 		return Result{}, costError(key, limit, cost)
 	}
-	res := Result{Limit: limit}
-	m.decide(sh, key, now, cost, &res)
-	return res, nil
+	err = m.decide(key, limit, cost, &res)
+	return res, err
 }
 
 // Refund implements [Refunder].
-func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (Result, error) {
+func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, err
 	}
 	if tokens < 0 || tokens > limit.Burst {
 		return Result{}, refundError(key, limit, tokens)
 	}
+	err = m.decide(key, limit, -tokens, &res)
+	return res, err
+}
+
+// decide takes cost tokens from key's bucket (gives -cost back when cost is
+// negative) and fills in res. The common case, a key in the shard's
+// snapshot decided with the Limit it last saw, takes one lock: the
+// bucket's.
+func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if len(key) > maxKeyLen {
 		key = hashKey(key)
 	}
-	now := m.nowUs()
-	sh := &m.shards[shardOf(key)&m.mask]
-	sh.mu.Lock()
-	if !sh.cached || limit != sh.limit {
-		sh.limit, sh.params, sh.cached = limit, mustParams(limit), true
-	}
-	res := Result{Limit: limit}
-	m.decide(sh, key, now, -tokens, &res)
-	return res, nil
-}
-
-func mustParams(l Limit) params {
-	p, _ := l.params() // validated by the caller
-	return p
-}
-
-// decide runs one decision on shard sh, whose lock the caller holds and
-// whose params are limit's; it unlocks sh.
-func (m *Memory) decide(sh *memShard, key string, now int64, cost int, res *Result) {
-	b, ok := sh.m[key]
-	var cur bucket
-	if ok {
-		cur = *b
-	}
-	nb, write := sh.params.decide(res, cur, ok, now, int64(cost))
-	switch {
-	case write && ok:
-		*b = nb
-	case write:
-		if len(sh.m) >= m.shardCap {
-			m.evict(sh, now)
+	now := m.nowUs() // read outside any lock: the clock is the slowest step
+	sh := m.shard(key)
+	res.Limit = limit
+	if c := (*sh.read.Load())[key]; c != nil {
+		c.mu.Lock()
+		if c.b.rate != 0 {
+			if !c.p.matches(limit) {
+				p, err := limit.params()
+				if err != nil {
+					c.mu.Unlock()
+					*res = Result{}
+					return err
+				}
+				c.p = p
+			}
+			nb, write := c.p.decide(res, c.b, true, now, int64(cost))
+			full := !write && res.ResetAfter == 0
+			switch {
+			case write:
+				c.b = nb
+			case full:
+				c.b.tat = span{} // as a refund that fills the bucket leaves it
+			}
+			c.mu.Unlock()
+			if full {
+				m.drop(sh, key, c, now) // full again: a missing key is a full bucket
+			}
+			return nil
 		}
-		fresh := new(bucket) // allocated here only, so that nb stays on the stack
-		*fresh = nb
-		sh.m[strings.Clone(key)] = fresh // a clone: do not pin the caller's backing array
-	case ok && res.ResetAfter == 0:
-		delete(sh.m, key) // full again: a missing key is a full bucket
+		c.mu.Unlock() // dropped since the snapshot: ask the shard
+	}
+	err := m.decideLocked(sh, key, limit, now, cost, res)
+	if err != nil {
+		*res = Result{}
+	}
+	return err
+}
+
+// decideLocked is decide for a key that is not in the shard's snapshot,
+// under the shard's lock.
+func (m *Memory) decideLocked(sh *memShard, key string, limit Limit, now int64, cost int, res *Result) error {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	c := sh.dirty[key]
+	if c == nil {
+		p, err := limit.params()
+		if err != nil {
+			return err
+		}
+		nb, write := p.decide(res, bucket{}, false, now, int64(cost))
+		if write {
+			m.insert(sh, key, &cell{b: nb, p: p}, now)
+		}
+		return nil
+	}
+	sh.miss()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.p.matches(limit) {
+		p, err := limit.params()
+		if err != nil {
+			return err
+		}
+		c.p = p
+	}
+	nb, write := c.p.decide(res, c.b, true, now, int64(cost))
+	switch {
+	case write:
+		c.b = nb
+	case res.ResetAfter == 0:
+		c.b.rate = 0
+		delete(sh.dirty, key)
+	}
+	return nil
+}
+
+// insert adds a new bucket for key to shard sh, whose lock the caller
+// holds, making room first if the shard is at capacity.
+func (m *Memory) insert(sh *memShard, key string, c *cell, now int64) {
+	if len(sh.dirty) >= m.shardCap {
+		m.evict(sh, now)
+	}
+	sh.dirty[strings.Clone(key)] = c // a clone: do not pin the caller's backing array
+	sh.miss()
+}
+
+// miss counts a lookup that the snapshot could not answer, and publishes a
+// new snapshot once the misses add up to the shard's size. The caller holds
+// sh.mu.
+func (sh *memShard) miss() {
+	if sh.misses++; sh.misses >= len(sh.dirty) {
+		sh.publish()
+	}
+}
+
+func (sh *memShard) publish() {
+	snap := maps.Clone(sh.dirty)
+	sh.read.Store(&snap)
+	sh.misses = 0
+}
+
+// drop removes c, key's bucket, if it is still the shard's and full at now.
+func (m *Memory) drop(sh *memShard, key string, c *cell, now int64) {
+	sh.mu.Lock()
+	if sh.dirty[key] == c {
+		c.mu.Lock()
+		if c.b.full(now) {
+			c.b.rate = 0
+			delete(sh.dirty, key)
+		}
+		c.mu.Unlock()
 	}
 	sh.mu.Unlock()
 }
 
 // evict makes room in a full shard: it samples a few buckets, drops those
 // that are full again, and if there were none, the one nearest to full.
-// The caller holds sh.mu.
+// The caller holds sh.mu and no cell's lock.
 func (m *Memory) evict(sh *memShard, now int64) {
 	const samples = 16
 	var victim string
+	var victimCell *cell
 	var victimTat int64
 	freed, seen := 0, 0
-	for k, b := range sh.m { // map iteration starts at a random entry
-		if b.tat.u < now || (b.tat.u == now && b.tat.f == 0) {
-			delete(sh.m, k)
+	for k, c := range sh.dirty { // map iteration starts at a random entry
+		c.mu.Lock()
+		if c.b.full(now) {
+			c.b.rate = 0
+			delete(sh.dirty, k)
 			freed++
-		} else if victim == "" || b.tat.u < victimTat {
-			victim, victimTat = k, b.tat.u
+		} else if victimCell == nil || c.b.tat.u < victimTat {
+			victim, victimCell, victimTat = k, c, c.b.tat.u
 		}
+		c.mu.Unlock()
 		if seen++; seen >= samples {
 			break
 		}
 	}
-	if freed == 0 && victim != "" {
-		delete(sh.m, victim)
+	if freed == 0 && victimCell != nil {
+		victimCell.mu.Lock()
+		victimCell.b.rate = 0
+		victimCell.mu.Unlock()
+		delete(sh.dirty, victim)
 		m.evicted.Add(1)
 	}
 }
@@ -242,7 +353,7 @@ func (m *Memory) Len() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += len(sh.dirty)
 		sh.mu.Unlock()
 	}
 	return n
@@ -283,17 +394,25 @@ func (m *Memory) sweep() {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n := 0
-		for k, b := range sh.m {
-			if now := m.nowUs(); b.tat.u < now || (b.tat.u == now && b.tat.f == 0) {
-				delete(sh.m, k)
+		n, dropped := 0, 0
+		for k, c := range sh.dirty {
+			now := m.nowUs()
+			c.mu.Lock()
+			if c.b.full(now) {
+				c.b.rate = 0
+				delete(sh.dirty, k)
+				dropped++
 			}
+			c.mu.Unlock()
 			if n++; n%batch == 0 {
 				// Go allows a map to change between steps of a range loop;
 				// the lock orders those changes with ours.
 				sh.mu.Unlock()
 				sh.mu.Lock()
 			}
+		}
+		if dropped > 0 {
+			sh.publish() // let the dropped buckets go
 		}
 		sh.mu.Unlock()
 	}
@@ -313,14 +432,10 @@ func (m *Memory) nowUs() int64 {
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
 
-// shardOf is FNV-1a over the key, inlined so that it does not allocate.
-func shardOf(key string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return h
+// shard returns key's shard. The hash is seeded per store, so that no one
+// can choose keys that all land in one shard.
+func (m *Memory) shard(key string) *memShard {
+	return &m.shards[uint32(maphash.String(m.seed, key))&m.mask]
 }
 
 func costError(key string, limit Limit, cost int) error {
@@ -328,8 +443,8 @@ func costError(key string, limit Limit, cost int) error {
 }
 
 // TakeAll implements [MultiStore]: the shards of all the keys are locked
-// together (in shard order, so that concurrent calls cannot deadlock) for
-// one instant of the clock.
+// together (in shard order, so that concurrent calls cannot deadlock), then
+// their buckets, for one instant of the clock.
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs)
 	if err != nil {
@@ -342,7 +457,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		if len(keys[i]) > maxKeyLen {
 			keys[i] = hashKey(keys[i])
 		}
-		s := shardOf(keys[i]) & m.mask
+		s := uint32(maphash.String(m.seed, keys[i])) & m.mask
 		if !slices.Contains(idx, s) {
 			idx = append(idx, s)
 		}
@@ -357,52 +472,61 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			m.shards[s].mu.Unlock()
 		}
 	}()
+	// With every shard's lock held, no other call holds two cells, so
+	// locking these in any order cannot deadlock.
+	cells := make([]*cell, len(reqs))
+	for i := range reqs {
+		if c := m.shard(keys[i]).dirty[keys[i]]; c != nil {
+			c.mu.Lock()
+			cells[i] = c
+		}
+	}
 
 	out := make([]Result, len(reqs))
 	next := make([]bucket, len(reqs))
 	writes := make([]bool, len(reqs))
 	all := true
 	for i, q := range reqs {
-		b, ok := m.shards[shardOf(keys[i])&m.mask].m[keys[i]]
 		var cur bucket
-		if ok {
-			cur = *b
+		if cells[i] != nil {
+			cur = cells[i].b
 		}
 		out[i].Limit = q.Limit
-		next[i], writes[i] = ps[i].decide(&out[i], cur, ok, now, int64(q.Cost))
+		next[i], writes[i] = ps[i].decide(&out[i], cur, cells[i] != nil, now, int64(q.Cost))
 		all = all && out[i].Allowed
 	}
 	if !all {
 		// Nothing is taken: describe every bucket as it stands.
 		for i, q := range reqs {
-			sh := &m.shards[shardOf(keys[i])&m.mask]
-			b, ok := sh.m[keys[i]]
 			var cur bucket
-			if ok {
-				cur = *b
+			if cells[i] != nil {
+				cur = cells[i].b
 			}
 			retry := out[i].RetryAfter
 			out[i] = Result{Limit: q.Limit}
-			ps[i].decide(&out[i], cur, ok, now, 0)
+			ps[i].decide(&out[i], cur, cells[i] != nil, now, 0)
 			out[i].Allowed, out[i].RetryAfter = false, retry
 		}
-		return out, nil
 	}
-	for i := range reqs {
-		sh := &m.shards[shardOf(keys[i])&m.mask]
-		b, ok := sh.m[keys[i]]
+	for i, c := range cells {
+		if c == nil {
+			continue
+		}
 		switch {
-		case writes[i] && ok:
-			*b = next[i]
-		case writes[i]:
-			if len(sh.m) >= m.shardCap {
-				m.evict(sh, now)
+		case all && writes[i]:
+			c.b = next[i]
+		case all && out[i].ResetAfter == 0:
+			c.b.rate = 0
+			delete(m.shard(keys[i]).dirty, keys[i])
+		}
+		c.mu.Unlock()
+	}
+	if all {
+		// New buckets last, once no cell is held: making room may lock some.
+		for i, c := range cells {
+			if c == nil && writes[i] {
+				m.insert(m.shard(keys[i]), keys[i], &cell{b: next[i], p: ps[i]}, now)
 			}
-			fresh := new(bucket)
-			*fresh = next[i]
-			sh.m[strings.Clone(keys[i])] = fresh
-		case ok && out[i].ResetAfter == 0:
-			delete(sh.m, keys[i])
 		}
 	}
 	return out, nil

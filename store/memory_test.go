@@ -152,3 +152,53 @@ func TestMemoryConcurrentExact(t *testing.T) {
 		t.Errorf("16 goroutines × 500 takes on a frozen clock: %d allowed, want exactly 1000", got)
 	}
 }
+
+// TestMemoryExactWhileDropping hammers a few keys from many goroutines in
+// rounds of a frozen clock. Between rounds the clock moves on until every
+// bucket is full again, so the sweeper and peeks drop buckets while other
+// goroutines decide on them. Every round must allow
+// exactly Burst per key: a decision on a dropped bucket that was lost, or a
+// bucket decided twice, shows up as a wrong count.
+func TestMemoryExactWhileDropping(t *testing.T) {
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(time.Millisecond))
+	defer m.Close()
+	lim := store.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 10}
+	const keys, workers, rounds = 8, 8, 40
+	ctx := context.Background()
+	for round := range rounds {
+		var allowed [keys]atomic.Int64
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 60 {
+					k := (w + i) % keys
+					cost := 1
+					if i%5 == 0 {
+						cost = 0 // a peek, which drops a full bucket
+					}
+					r, err := m.Take(ctx, "k"+strconv.Itoa(k), lim, cost)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.Allowed && cost == 1 {
+						allowed[k].Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for k := range keys {
+			if got := allowed[k].Load(); got != 10 {
+				t.Fatalf("round %d key %d: %d allowed, want exactly 10", round, k, got)
+			}
+		}
+		clock.Advance(100 * time.Millisecond) // every bucket is full again
+		if round%2 == 0 {
+			time.Sleep(2 * time.Millisecond) // let the sweeper drop them
+		}
+	}
+}

@@ -452,6 +452,13 @@ func refund(t *testing.T, h Harness) {
 	if r, err := s.Refund(ctx, key, lim, 5); err != nil || r.Remaining != 5 || r.ResetAfter != 0 {
 		t.Errorf("Refund(5) of a bucket missing 1 = %+v, %v; want full (5, reset 0)", r, err)
 	}
+	// The bucket stays full: a read and a take of all 5 see it so.
+	if r, err := st.Take(ctx, key, lim, 0); err != nil || r.Remaining != 5 || r.ResetAfter != 0 {
+		t.Errorf("read after refunding to full = %+v, %v; want 5 left, reset 0", r, err)
+	}
+	if r, err := st.Take(ctx, key, lim, 5); err != nil || !r.Allowed || r.Remaining != 0 {
+		t.Errorf("Take(5) after refunding to full = %+v, %v; want allowed, 0 left", r, err)
+	}
 	if r, err := s.Refund(ctx, Key(t), lim, 1); err != nil || r.Remaining != 5 {
 		t.Errorf("Refund on a fresh key = %+v, %v; want full", r, err)
 	}
