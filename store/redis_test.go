@@ -250,3 +250,35 @@ func TestRedisTakeNeverPanics(t *testing.T) {
 		}
 	}
 }
+
+// A TTL of 10^8 ms or more goes to SET as digits (Redis 7.2.0 to 7.2.4 would
+// send a Lua number such as 1e8 as "1e+08", which SET refuses), in the
+// script's fast path (the rate divides the period) and in its general path.
+func TestRedisLongTTL(t *testing.T) {
+	client := redistest.Server(t).Client(t)
+	s := store.NewRedis(client, store.WithKeyPrefix("ttl:"))
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		limit store.Limit
+		want  time.Duration
+	}{
+		{"exactly 1e8 ms", store.Limit{Rate: 1, Period: 100_000 * time.Second, Burst: 1}, 100_000 * time.Second},
+		{"2e8 ms", store.Limit{Rate: 1, Period: 200_000 * time.Second, Burst: 2}, 200_000 * time.Second},
+		{"fraction", store.Limit{Rate: 3, Period: 300_000*time.Second + time.Microsecond, Burst: 1}, 100_000*time.Second + time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := s.Take(ctx, c.name, c.limit, 1)
+			if err != nil || !r.Allowed {
+				t.Fatalf("Take = %+v, %v", r, err)
+			}
+			ttl, err := client.PTTL(ctx, "ttl:"+c.name).Result()
+			if err != nil || ttl > c.want || ttl < c.want-time.Second {
+				t.Errorf("PTTL = %v, %v; want about %v", ttl, err, c.want)
+			}
+			if r, err := s.Take(ctx, c.name, c.limit, 0); err != nil || r.ResetAfter <= c.want-time.Second {
+				t.Errorf("read back = %+v, %v; want the bucket %v from full", r, err, c.want)
+			}
+		})
+	}
+}
