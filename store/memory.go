@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -57,7 +56,8 @@ type Memory struct {
 }
 
 // A shard finds a key's bucket without a lock: read is a snapshot of the
-// shard's map that is never written once published. Keys that are not in
+// shard's map, indexed by the key's 64-bit hash (seeded per store; a
+// collision leaves one of the keys to dirty), never written once published. Keys that are not in
 // it yet, and buckets dropped since, are looked up in dirty, the shard's
 // map of every live bucket, under mu; once the misses add up to dirty's
 // size, dirty is copied into a new snapshot (as sync.Map does), which keeps
@@ -66,7 +66,7 @@ type Memory struct {
 // Lock order: a shard's mu before a cell's mu. Only TakeAll holds several
 // cells, and it holds the mu of every shard involved first.
 type memShard struct {
-	read   atomic.Pointer[map[string]*cell]
+	read   atomic.Pointer[map[uint64]*cell]
 	mu     sync.Mutex
 	dirty  map[string]*cell
 	misses int
@@ -78,9 +78,11 @@ type memShard struct {
 // Limit it was decided with, which saves validating and dividing on nearly
 // every call.
 type cell struct {
-	mu sync.Mutex
-	b  bucket // b.rate == 0: dropped from the store; look the key up again
-	p  params
+	mu  sync.Mutex
+	b   bucket // b.rate == 0: dropped from the store; look the key up again
+	p   params
+	key string // dirty's copy
+	h   uint64 // the key's hash
 }
 
 // matches reports whether p holds the parameters of l (then l is valid).
@@ -153,7 +155,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.dirty = make(map[string]*cell)
-		sh.read.Store(&map[string]*cell{})
+		sh.read.Store(&map[uint64]*cell{})
 	}
 	if cfg.sweep > 0 {
 		go m.sweepLoop(cfg.sweep)
@@ -201,9 +203,10 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 		key = hashKey(key)
 	}
 	now := m.nowUs() // read outside any lock: the clock is the slowest step
-	sh := m.shard(key)
+	h := maphash.String(m.seed, key)
+	sh := &m.shards[uint32(h)&m.mask]
 	res.Limit = limit
-	if c := (*sh.read.Load())[key]; c != nil {
+	if c := (*sh.read.Load())[h]; c != nil && c.key == key {
 		c.mu.Lock()
 		if c.b.rate != 0 {
 			if !c.p.matches(limit) {
@@ -231,7 +234,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 		}
 		c.mu.Unlock() // dropped since the snapshot: ask the shard
 	}
-	err := m.decideLocked(sh, key, limit, now, cost, res)
+	err := m.decideLocked(sh, key, h, limit, now, cost, res)
 	if err != nil {
 		*res = Result{}
 	}
@@ -240,7 +243,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 
 // decideLocked is decide for a key that is not in the shard's snapshot,
 // under the shard's lock.
-func (m *Memory) decideLocked(sh *memShard, key string, limit Limit, now int64, cost int, res *Result) error {
+func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, now int64, cost int, res *Result) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	c := sh.dirty[key]
@@ -251,7 +254,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, limit Limit, now int64, 
 		}
 		nb, write := p.decide(res, bucket{}, false, now, int64(cost))
 		if write {
-			m.insert(sh, key, &cell{b: nb, p: p}, now)
+			m.insert(sh, key, &cell{b: nb, p: p, h: h}, now)
 		}
 		return nil
 	}
@@ -282,7 +285,8 @@ func (m *Memory) insert(sh *memShard, key string, c *cell, now int64) {
 	if len(sh.dirty) >= m.shardCap {
 		m.evict(sh, now)
 	}
-	sh.dirty[strings.Clone(key)] = c // a clone: do not pin the caller's backing array
+	c.key = strings.Clone(key) // a clone: do not pin the caller's backing array
+	sh.dirty[c.key] = c
 	sh.miss()
 }
 
@@ -296,7 +300,10 @@ func (sh *memShard) miss() {
 }
 
 func (sh *memShard) publish() {
-	snap := maps.Clone(sh.dirty)
+	snap := make(map[uint64]*cell, len(sh.dirty))
+	for _, c := range sh.dirty {
+		snap[c.h] = c
+	}
 	sh.read.Store(&snap)
 	sh.misses = 0
 }
@@ -525,7 +532,8 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		// New buckets last, once no cell is held: making room may lock some.
 		for i, c := range cells {
 			if c == nil && writes[i] {
-				m.insert(m.shard(keys[i]), keys[i], &cell{b: next[i], p: ps[i]}, now)
+				h := maphash.String(m.seed, keys[i])
+				m.insert(&m.shards[uint32(h)&m.mask], keys[i], &cell{b: next[i], p: ps[i], h: h}, now)
 			}
 		}
 	}
