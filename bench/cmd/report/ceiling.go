@@ -37,9 +37,10 @@ type ceilRow struct {
 
 func (r *report) ceilRuns() []ceilRun {
 	n := r.cfg.ceilN
-	// rate period_us burst: 1,000,000/s, burst 1,000,000 (nothing here
-	// drains it), and 100/s, burst 100.
-	generous, denied := "1000000 1000000 1000000", "100 1000000 100"
+	// rate period_us burst: the limits of BenchmarkDecide's workloads
+	// (decide_test.go), so that each row bounds the same decisions:
+	// 10^7/s, burst 10^8 (nothing here drains it), and 100/s, burst 100.
+	generous, denied := "10000000 1000000 100000000", "100 1000000 100"
 	return []ceilRun{
 		{"hot key, 1 connection", "hot", 1, 1, max(n/5, 1), false, generous},
 		{"hot key, 64 connections", "hot", 64, 1, n, false, generous},
