@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -55,22 +56,111 @@ type Memory struct {
 	closeOnce sync.Once
 }
 
-// A shard finds a key's bucket without a lock: read is a snapshot of the
-// shard's map, indexed by the key's 64-bit hash (seeded per store; a
-// collision leaves one of the keys to dirty), never written once published. Keys that are not in
-// it yet, and buckets dropped since, are looked up in dirty, the shard's
-// map of every live bucket, under mu; once the misses add up to dirty's
-// size, dirty is copied into a new snapshot (as sync.Map does), which keeps
-// the copying at one entry per miss.
+// A shard keeps its buckets in an open-addressing table of atomic
+// pointers, indexed by the key's 64-bit hash (seeded per store): a lookup
+// reads it without a lock, while inserts, removals and resizes take mu. A
+// removed slot holds the tombstone; a resize publishes a new table, and a
+// lookup on the old one can only miss a bucket (then it asks under mu) or
+// find one that is dropped (its rate is 0), never a wrong one.
 //
 // Lock order: a shard's mu before a cell's mu. Only TakeAll holds several
 // cells, and it holds the mu of every shard involved first.
 type memShard struct {
-	read   atomic.Pointer[map[uint64]*cell]
-	mu     sync.Mutex
-	dirty  map[string]*cell
-	misses int
-	_      [64]byte // keep shards on separate cache lines
+	table atomic.Pointer[cellTable]
+	mu    sync.Mutex
+	live  int      // buckets in the table
+	used  int      // slots that are not empty: live buckets and tombstones
+	_     [64]byte // keep shards on separate cache lines
+}
+
+type cellTable struct {
+	slots []atomic.Pointer[cell]
+	mask  uint64
+}
+
+// tombstone marks a slot whose bucket was removed: probes go on past it.
+var tombstone = &cell{}
+
+const minTable = 16
+
+// find returns the bucket of key, whose hash is h, or nil.
+func (t *cellTable) find(h uint64, key string) *cell {
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		c := t.slots[i].Load()
+		if c == nil {
+			return nil
+		}
+		if c.h == h && c != tombstone && c.key == key {
+			return c
+		}
+	}
+}
+
+// add puts c in the table, which has room and does not hold c's key, and
+// reports whether it took an empty slot (not a tombstone's).
+func (t *cellTable) add(c *cell) (fresh bool) {
+	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
+		switch t.slots[i].Load() {
+		case nil:
+			t.slots[i].Store(c)
+			return true
+		case tombstone:
+			t.slots[i].Store(c)
+			return false
+		}
+	}
+}
+
+func newTable(size int) *cellTable {
+	return &cellTable{slots: make([]atomic.Pointer[cell], size), mask: uint64(size - 1)}
+}
+
+// lookup returns the bucket of key in shard sh, or nil. The caller holds
+// sh.mu.
+func (sh *memShard) lookup(h uint64, key string) *cell {
+	return sh.table.Load().find(h, key)
+}
+
+// add puts c, a bucket whose key the shard does not hold, in the shard,
+// growing its table (or clearing it of tombstones) first when it is three
+// quarters full. The caller holds sh.mu.
+func (sh *memShard) add(c *cell) {
+	t := sh.table.Load()
+	if 4*(sh.used+1) > 3*len(t.slots) {
+		size := minTable
+		for size < 4*(sh.live+1) {
+			size *= 2 // at most half full after the resize
+		}
+		nt := newTable(size)
+		for i := range t.slots {
+			if old := t.slots[i].Load(); old != nil && old != tombstone {
+				nt.add(old)
+			}
+		}
+		sh.table.Store(nt)
+		t, sh.used = nt, sh.live
+	}
+	if t.add(c) {
+		sh.used++
+	}
+	sh.live++
+}
+
+// remove takes c, a bucket of the shard, out of it and marks it dropped.
+// The caller holds sh.mu and c.mu.
+func (sh *memShard) remove(c *cell) {
+	c.b.rate = 0
+	t := sh.table.Load()
+	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
+		switch t.slots[i].Load() {
+		case c:
+			t.slots[i].Store(tombstone)
+			sh.live--
+			return
+		case nil:
+			return // not there: already removed
+		}
+	}
 }
 
 // A cell is one live bucket: its state under its own lock, so decisions on
@@ -81,7 +171,7 @@ type cell struct {
 	mu  sync.Mutex
 	b   bucket // b.rate == 0: dropped from the store; look the key up again
 	p   params
-	key string // dirty's copy
+	key string // a copy of the caller's
 	h   uint64 // the key's hash
 }
 
@@ -153,9 +243,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	m.startUs = m.start.UnixMicro()
 	m.startNs = nanotime()
 	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.dirty = make(map[string]*cell)
-		sh.read.Store(&map[uint64]*cell{})
+		m.shards[i].table.Store(newTable(minTable))
 	}
 	if cfg.sweep > 0 {
 		go m.sweepLoop(cfg.sweep)
@@ -195,18 +283,17 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 }
 
 // decide takes cost tokens from key's bucket (gives -cost back when cost is
-// negative) and fills in res. The common case, a key in the shard's
-// snapshot decided with the Limit it last saw, takes one lock: the
-// bucket's.
+// negative) and fills in res. The common case, a known key decided with the
+// Limit it last saw, takes one lock: the bucket's.
 func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if len(key) > maxKeyLen {
 		key = hashKey(key)
 	}
 	now := m.nowUs() // read outside any lock: the clock is the slowest step
 	h := maphash.String(m.seed, key)
-	sh := &m.shards[uint32(h)&m.mask]
+	sh := m.shardOf(h)
 	res.Limit = limit
-	if c := (*sh.read.Load())[h]; c != nil && c.key == key {
+	if c := sh.table.Load().find(h, key); c != nil {
 		c.mu.Lock()
 		if c.b.rate != 0 {
 			if !c.p.matches(limit) {
@@ -228,11 +315,11 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 			}
 			c.mu.Unlock()
 			if full {
-				m.drop(sh, key, c, now) // full again: a missing key is a full bucket
+				m.drop(sh, c, now) // full again: a missing key is a full bucket
 			}
 			return nil
 		}
-		c.mu.Unlock() // dropped since the snapshot: ask the shard
+		c.mu.Unlock() // dropped meanwhile: ask under the shard's lock
 	}
 	err := m.decideLocked(sh, key, h, limit, now, cost, res)
 	if err != nil {
@@ -241,12 +328,12 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	return err
 }
 
-// decideLocked is decide for a key that is not in the shard's snapshot,
+// decideLocked is decide for a key that the lock-free lookup did not find,
 // under the shard's lock.
 func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, now int64, cost int, res *Result) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	c := sh.dirty[key]
+	c := sh.lookup(h, key)
 	if c == nil {
 		p, err := limit.params()
 		if err != nil {
@@ -258,7 +345,6 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 		}
 		return nil
 	}
-	sh.miss()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.p.matches(limit) {
@@ -273,8 +359,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	case write:
 		c.b = nb
 	case res.ResetAfter == 0:
-		c.b.rate = 0
-		delete(sh.dirty, key)
+		sh.remove(c)
 	}
 	return nil
 }
@@ -282,74 +367,53 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 // insert adds a new bucket for key to shard sh, whose lock the caller
 // holds, making room first if the shard is at capacity.
 func (m *Memory) insert(sh *memShard, key string, c *cell, now int64) {
-	if len(sh.dirty) >= m.shardCap {
+	if sh.live >= m.shardCap {
 		m.evict(sh, now)
 	}
 	c.key = strings.Clone(key) // a clone: do not pin the caller's backing array
-	sh.dirty[c.key] = c
-	sh.miss()
+	sh.add(c)
 }
 
-// miss counts a lookup that the snapshot could not answer, and publishes a
-// new snapshot once the misses add up to the shard's size. The caller holds
-// sh.mu.
-func (sh *memShard) miss() {
-	if sh.misses++; sh.misses >= len(sh.dirty) {
-		sh.publish()
-	}
-}
-
-func (sh *memShard) publish() {
-	snap := make(map[uint64]*cell, len(sh.dirty))
-	for _, c := range sh.dirty {
-		snap[c.h] = c
-	}
-	sh.read.Store(&snap)
-	sh.misses = 0
-}
-
-// drop removes c, key's bucket, if it is still the shard's and full at now.
-func (m *Memory) drop(sh *memShard, key string, c *cell, now int64) {
+// drop removes c, a bucket of sh, if it is still there and full at now.
+func (m *Memory) drop(sh *memShard, c *cell, now int64) {
 	sh.mu.Lock()
-	if sh.dirty[key] == c {
-		c.mu.Lock()
-		if c.b.full(now) {
-			c.b.rate = 0
-			delete(sh.dirty, key)
-		}
-		c.mu.Unlock()
+	c.mu.Lock()
+	if c.b.rate != 0 && c.b.full(now) {
+		sh.remove(c)
 	}
+	c.mu.Unlock()
 	sh.mu.Unlock()
 }
 
-// evict makes room in a full shard: it samples a few buckets, drops those
-// that are full again, and if there were none, the one nearest to full.
-// The caller holds sh.mu and no cell's lock.
+// evict makes room in a full shard: it samples a few buckets from a random
+// slot on, drops those that are full again, and if there were none, the one
+// nearest to full. The caller holds sh.mu and no cell's lock.
 func (m *Memory) evict(sh *memShard, now int64) {
 	const samples = 16
-	var victim string
-	var victimCell *cell
+	t := sh.table.Load()
+	var victim *cell
 	var victimTat int64
 	freed, seen := 0, 0
-	for k, c := range sh.dirty { // map iteration starts at a random entry
+	start := rand.Uint64()
+	for k := uint64(0); k <= t.mask && seen < samples; k++ {
+		c := t.slots[(start+k)&t.mask].Load()
+		if c == nil || c == tombstone {
+			continue
+		}
+		seen++
 		c.mu.Lock()
 		if c.b.full(now) {
-			c.b.rate = 0
-			delete(sh.dirty, k)
+			sh.remove(c)
 			freed++
-		} else if victimCell == nil || c.b.tat.u < victimTat {
-			victim, victimCell, victimTat = k, c, c.b.tat.u
+		} else if victim == nil || c.b.tat.u < victimTat {
+			victim, victimTat = c, c.b.tat.u
 		}
 		c.mu.Unlock()
-		if seen++; seen >= samples {
-			break
-		}
 	}
-	if freed == 0 && victimCell != nil {
-		victimCell.mu.Lock()
-		victimCell.b.rate = 0
-		victimCell.mu.Unlock()
-		delete(sh.dirty, victim)
+	if freed == 0 && victim != nil {
+		victim.mu.Lock()
+		sh.remove(victim)
+		victim.mu.Unlock()
 		m.evicted.Add(1)
 	}
 }
@@ -360,7 +424,7 @@ func (m *Memory) Len() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.dirty)
+		n += sh.live
 		sh.mu.Unlock()
 	}
 	return n
@@ -395,31 +459,26 @@ func (m *Memory) sweepLoop(every time.Duration) {
 }
 
 // sweep drops every bucket that is full again, one shard at a time, letting
-// go of the shard's lock every few entries so that requests never wait long.
+// go of the shard's lock every few slots so that requests never wait long.
+// A resize meanwhile only makes it visit some buckets twice or not at all.
 func (m *Memory) sweep() {
-	const batch = 64
+	const batch = 256
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n, dropped := 0, 0
-		for k, c := range sh.dirty {
-			now := m.nowUs()
-			c.mu.Lock()
-			if c.b.full(now) {
-				c.b.rate = 0
-				delete(sh.dirty, k)
-				dropped++
+		t := sh.table.Load()
+		for k := range t.slots {
+			if c := t.slots[k].Load(); c != nil && c != tombstone {
+				c.mu.Lock()
+				if c.b.rate != 0 && c.b.full(m.nowUs()) {
+					sh.remove(c)
+				}
+				c.mu.Unlock()
 			}
-			c.mu.Unlock()
-			if n++; n%batch == 0 {
-				// Go allows a map to change between steps of a range loop;
-				// the lock orders those changes with ours.
+			if k%batch == batch-1 {
 				sh.mu.Unlock()
 				sh.mu.Lock()
 			}
-		}
-		if dropped > 0 {
-			sh.publish() // let the dropped buckets go
 		}
 		sh.mu.Unlock()
 	}
@@ -439,10 +498,10 @@ func (m *Memory) nowUs() int64 {
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
 
-// shard returns key's shard. The hash is seeded per store, so that no one
-// can choose keys that all land in one shard.
-func (m *Memory) shard(key string) *memShard {
-	return &m.shards[uint32(maphash.String(m.seed, key))&m.mask]
+// shardOf returns the shard of a key whose hash is h. Its top bits choose
+// the shard; the low bits index the shard's table.
+func (m *Memory) shardOf(h uint64) *memShard {
+	return &m.shards[uint32(h>>32)&m.mask]
 }
 
 func costError(key string, limit Limit, cost int) error {
@@ -458,13 +517,15 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	keys := make([]string, len(reqs))
+	hs := make([]uint64, len(reqs))
 	idx := make([]uint32, 0, len(reqs))
 	for i, q := range reqs {
 		keys[i] = q.Key
 		if len(keys[i]) > maxKeyLen {
 			keys[i] = hashKey(keys[i])
 		}
-		s := uint32(maphash.String(m.seed, keys[i])) & m.mask
+		hs[i] = maphash.String(m.seed, keys[i])
+		s := uint32(hs[i]>>32) & m.mask
 		if !slices.Contains(idx, s) {
 			idx = append(idx, s)
 		}
@@ -483,7 +544,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	// locking these in any order cannot deadlock.
 	cells := make([]*cell, len(reqs))
 	for i := range reqs {
-		if c := m.shard(keys[i]).dirty[keys[i]]; c != nil {
+		if c := m.shardOf(hs[i]).lookup(hs[i], keys[i]); c != nil {
 			c.mu.Lock()
 			cells[i] = c
 		}
@@ -523,8 +584,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		case all && writes[i]:
 			c.b = next[i]
 		case all && out[i].ResetAfter == 0:
-			c.b.rate = 0
-			delete(m.shard(keys[i]).dirty, keys[i])
+			m.shardOf(hs[i]).remove(c)
 		}
 		c.mu.Unlock()
 	}
@@ -532,8 +592,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		// New buckets last, once no cell is held: making room may lock some.
 		for i, c := range cells {
 			if c == nil && writes[i] {
-				h := maphash.String(m.seed, keys[i])
-				m.insert(&m.shards[uint32(h)&m.mask], keys[i], &cell{b: next[i], p: ps[i], h: h}, now)
+				m.insert(m.shardOf(hs[i]), keys[i], &cell{b: next[i], p: ps[i], h: hs[i]}, now)
 			}
 		}
 	}

@@ -202,3 +202,69 @@ func TestMemoryExactWhileDropping(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryChurn fills a store with buckets, lets them refill and drops
+// them, over and over, so that the shards' tables fill with removed slots and
+// are rebuilt, while other goroutines decide on one key throughout: its
+// count must stay exact and the store must hold exactly the live buckets.
+func TestMemoryChurn(t *testing.T) {
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	defer m.Close()
+	ctx := context.Background()
+	steady := store.Limit{Rate: 1, Period: time.Hour, Burst: 100_000}
+	short := store.PerSecond(10)
+	var allowed atomic.Int64
+	if r, err := m.Take(ctx, "steady", steady, 1); err != nil || !r.Allowed {
+		t.Fatalf("first take: %+v, %v", r, err)
+	}
+	allowed.Add(1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if r, err := m.Take(ctx, "steady", steady, 1); err != nil {
+					t.Error(err)
+					return
+				} else if r.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	const keys = 5000
+	for round := range 8 {
+		for i := range keys {
+			if r, err := m.Take(ctx, "churn:"+strconv.Itoa(round)+":"+strconv.Itoa(i), short, 1); err != nil || !r.Allowed {
+				t.Fatalf("round %d key %d: %+v, %v", round, i, r, err)
+			}
+		}
+		if got := m.Len(); got != keys+1 {
+			t.Fatalf("round %d: Len = %d, want %d", round, got, keys+1)
+		}
+		clock.Advance(time.Second) // every churn bucket is full again
+		for i := range keys {
+			if r, _ := m.Take(ctx, "churn:"+strconv.Itoa(round)+":"+strconv.Itoa(i), short, 0); r.Remaining != 10 {
+				t.Fatalf("round %d key %d after refilling: %+v", round, i, r)
+			}
+		}
+		if got := m.Len(); got != 1 {
+			t.Fatalf("round %d after the peeks: Len = %d, want 1 (the steady key)", round, got)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	r, _ := m.Take(ctx, "steady", steady, 0)
+	// 8 s passed on the store's clock: at 1 token an hour, nothing came back.
+	if got, want := allowed.Load(), int64(100_000-r.Remaining); got != want {
+		t.Errorf("steady key: %d allowed, bucket says %d taken", got, want)
+	}
+}
