@@ -14,7 +14,7 @@ import (
 )
 
 // DefaultMaxKeys is the number of live buckets a [Memory] store holds at
-// most unless [WithMaxKeys] says otherwise. A bucket costs about 150 bytes
+// most unless [WithMaxKeys] says otherwise. A bucket costs about 130 bytes
 // plus its key.
 const DefaultMaxKeys = 1_000_000
 
