@@ -15,7 +15,7 @@
 -- ARGV[4i-1]   B, burst: capacity in tokens, integer >= 1
 -- ARGV[4i]     c, cost: tokens to take, integer, -B <= c <= B; a negative c
 --              gives -c tokens back (a refund), never above capacity
---              Limits: B*R <= 2^50 and B*ceil(P/R) <= 2^50 (microseconds).
+--              Limits: B*R <= 2^50 and B*(floor(P/R)+1) <= 2^50 (microseconds).
 --
 -- The c tokens of every bucket are taken if every bucket has them (a refund
 -- always fits); otherwise none is taken, none given back, nothing written.
@@ -53,28 +53,37 @@ if n < 1 or #ARGV ~= 4 * n then
   return redis.error_reply('ERR tollgate: want 4 arguments per key')
 end
 
--- The common case first, on plain integers: one bucket whose T = P/R is a
--- whole number of microseconds (R divides P) and whose state is one too, or
--- no key. Every pair (u, f) further down would have f = 0 then. It is decided
--- before the general code's functions exist, because Redis creates them
--- anew on every call, and that was a fifth of this script's own CPU. Any
--- other call, bad arguments included, goes on to the general code with what
--- was read here; check has the last word on errors.
-local R, P, B, c, now, v -- for n = 1: the arguments; Redis's clock and the key's value once read
+-- One bucket, the common case, is decided first and inline, before the
+-- general code's functions exist: Redis creates those anew on every call,
+-- and creating and calling them cost a fifth of the call. The steps are
+-- those of check, read, write and remaining below, on the same numbers in
+-- the same order, so both give the same replies and writes; keep them in
+-- step. Bad arguments go on to the general code before anything is read:
+-- check has the last word on errors.
 if n == 1 then
-  R, P, B, c = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-  if R and P and B and c and P % R == 0 and R >= 1 and P >= 1 and B >= 1 and c >= -B
-      and c <= B and R % 1 == 0 and P % 1 == 0 and B % 1 == 0 and c % 1 == 0 then
-    local T = math.floor(P / R) -- exact: R divides P
-    if B * R <= LIMIT and B * (T + 1) <= LIMIT then
+  local R, P, B, c = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  if R and P and B and c and R >= 1 and P >= 1 and B >= 1 and c >= -B and c <= B
+      and R % 1 == 0 and P % 1 == 0 and B % 1 == 0 and c % 1 == 0 then
+    local Tq = math.floor(P / R) -- T = P/R = Tq + Tr/R, as divmod gives it
+    local Tr = P - Tq * R
+    if Tr < 0 then
+      Tq, Tr = Tq - 1, Tr + R
+    elseif Tr >= R then
+      Tq, Tr = Tq + 1, Tr - R
+    end
+    if B * R <= LIMIT and B * (Tq + 1) <= LIMIT then
       if redis.replicate_commands then
         redis.replicate_commands() -- Redis < 5: allow writes after TIME
       end
       local t = redis.call('TIME')
-      now = t[1] * 1000000 + t[2] -- as in clock
-      v = redis.call('GET', KEYS[1])
+      local now = t[1] * 1000000 + t[2] -- as in clock
+      local v = redis.call('GET', KEYS[1])
       local tat = v and tonumber(v)
-      if not v or tat and tat % 1 == 0 then
+
+      -- On plain integers when R divides P and the state is a whole number,
+      -- or there is no key: every f below would be 0.
+      if Tr == 0 and (not v or tat and tat % 1 == 0) then
+        local T = Tq
         local d, cap = 0, B * T -- the debt D, not above the capacity B*T
         if tat and now <= tat then
           d = tat - now
@@ -101,6 +110,8 @@ if n == 1 then
             if ttl >= 100000000 then
               ttl = string.format('%.0f', ttl) -- as in write
             end
+            -- '%.0f', not the cheaper '%d': Lua's '%d' goes through a C long,
+            -- which is 32 bits on 32-bit builds of Redis
             redis.call('SET', KEYS[1], string.format('%.0f', now + nd), 'PX', ttl)
           end
           d = nd
@@ -108,6 +119,122 @@ if n == 1 then
         -- remaining is floor((B*T - D) / T), exact for integers up to 2^50
         return {allowed, math.floor((cap - d) / T), retry, d}
       end
+
+      -- Otherwise on pairs (u, f) = u + f/R, with le, add, sub and ceil
+      -- written out. Every k*T below (times) has k <= B, so k*Tr < B*R <=
+      -- 2^50 and floor(k*Tr / R) is exact: divmod would correct nothing.
+      local du, df = 0, 0 -- the debt D, as in read
+      if v then
+        local tf = 0
+        if not tat then
+          local su, sf, sd = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+          if su then -- digits: arithmetic converts them once, tonumber twice
+            tat, tf = su + 0, sf + 0
+            if sd ~= ARGV[1] and sd + 0 ~= R then
+              tat, tf = tat + 1, 0 -- stored under another rate: round up, never loosen
+            end
+          end
+        end
+        if tat and tf < R and now <= tat then -- le(now, 0, tat, tf), as tf >= 0
+          du, df = tat - now, tf
+        end
+      end
+      local x = B * Tr
+      local q = math.floor(x / R)
+      local cu, cf = B * Tq + q, x - q * R -- the capacity B*T
+      if not (du < cu or du == cu and df <= cf) then
+        du, df = cu, cf -- state left by a larger limit: read as an empty bucket
+      end
+      local k = c -- c*T, or -c*T for a refund
+      if c < 0 then
+        k = -c
+      end
+      x = k * Tr
+      q = math.floor(x / R)
+      local ku, kf = k * Tq + q, x - q * R
+      local nu, nf, retry = 0, 0, 0 -- the debt after taking c; microseconds until c tokens are there
+      if c >= 0 then
+        nu, nf = du + ku, df + kf
+        if nf >= R then
+          nu, nf = nu + 1, nf - R
+        end
+        if c > 0 and not (nu < cu or nu == cu and nf <= cf) then
+          local ru, rf = nu - cu, nf - cf
+          if rf < 0 then
+            ru, rf = ru - 1, rf + R
+          end
+          retry = ru
+          if rf > 0 then
+            retry = ru + 1
+          end
+        end
+      elseif ku < du or ku == du and kf <= df then -- a refund: D - (-c)*T, else 0 (full)
+        nu, nf = du - ku, df - kf
+        if nf < 0 then
+          nu, nf = nu - 1, nf + R
+        end
+      end
+      local allowed = 0
+      if retry == 0 then -- as in write
+        allowed = 1
+        if c ~= 0 and nu == 0 and nf == 0 then
+          redis.call('DEL', KEYS[1])
+          du, df = 0, 0
+        elseif c ~= 0 then
+          -- The new TAT now + D (nf < R: nothing carries), in '%.0f' as in
+          -- write ('%d' goes through a C long: 32 bits on 32-bit builds).
+          local tu, ttl = now + nu, nu -- ttl: ceil(D), then in milliseconds
+          local state
+          if nf > 0 then
+            state, ttl = string.format('%.0f+%.0f/%.0f', tu, nf, R), nu + 1
+          else
+            state = string.format('%.0f', tu)
+          end
+          ttl = math.ceil(ttl / 1000)
+          if ttl < 1 then
+            ttl = 1
+          elseif ttl >= 100000000 then
+            ttl = string.format('%.0f', ttl)
+          end
+          redis.call('SET', KEYS[1], state, 'PX', ttl)
+          du, df = nu, nf
+        end
+      end
+      -- remaining: the largest k <= B with k*T <= A = B*T - D, estimated in
+      -- floating point and then corrected, stepping k*T by T
+      local au, af = cu - du, cf - df
+      if af < 0 then
+        au, af = au - 1, af + R
+      end
+      k = math.floor((au + af / R) * R / P)
+      if k < 0 then
+        k = 0
+      elseif k > B then
+        k = B
+      end
+      x = k * Tr
+      q = math.floor(x / R)
+      local xu, xf = k * Tq + q, x - q * R -- k*T
+      while k > 0 and not (xu < au or xu == au and xf <= af) do
+        k, xu, xf = k - 1, xu - Tq, xf - Tr
+        if xf < 0 then
+          xu, xf = xu - 1, xf + R
+        end
+      end
+      while k < B do
+        xu, xf = xu + Tq, xf + Tr
+        if xf >= R then
+          xu, xf = xu + 1, xf - R
+        end
+        if not (xu < au or xu == au and xf <= af) then
+          break
+        end
+        k = k + 1
+      end
+      if df > 0 then
+        du = du + 1 -- ceil(D)
+      end
+      return {allowed, k, retry, du}
     end
   end
 end
@@ -265,28 +392,9 @@ local function clock()
   return t[1] * 1000000 + t[2] -- arithmetic converts once; tonumber would twice
 end
 
-if n == 1 then -- without tables, with what the common case above read
-  local Tq, Tr
-  R, P, B, c, Tq, Tr = check(R, P, B, c)
-  if not R then
-    return redis.error_reply(P)
-  end
-  local key = KEYS[1]
-  if not now then
-    now = clock()
-    v = redis.call('GET', key)
-  end
-  local du, df, cu, cf, nu, nf, retry = read(v, R, B, c, Tq, Tr, now)
-  local allowed = 0
-  if retry == 0 then
-    allowed = 1
-    du, df = write(key, R, c, now, du, df, nu, nf)
-  end
-  return {allowed, remaining(R, P, B, Tq, Tr, cu, cf, du, df), retry, ceil(du, df)}
-end
-
--- Several buckets: check every one's arguments before reading anything,
--- read them all, then take from every one or from none.
+-- Several buckets (or one with bad arguments): check every one's arguments
+-- before reading anything, read them all, then take from every one or from
+-- none.
 local args = {}
 for i = 1, n do
   local R, P, B, c, Tq, Tr = check(tonumber(ARGV[4 * i - 3]), tonumber(ARGV[4 * i - 2]),
