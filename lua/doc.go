@@ -13,8 +13,8 @@
 // where rate tokens are added per period_us microseconds to a bucket of
 // capacity burst, and cost tokens are taken when all of them are there.
 // All four arguments are integers; rate, period_us and burst are at least 1,
-// -burst <= cost <= burst, and burst*rate and burst*ceil(period_us/rate) are
-// at most 2^50. A negative cost gives -cost tokens back (a refund), never
+// -burst <= cost <= burst, and burst*rate and burst*(floor(period_us/rate)+1)
+// are at most 2^50. A negative cost gives -cost tokens back (a refund), never
 // above capacity.
 //
 // The reply is an array of four integers:
