@@ -175,6 +175,20 @@ type cell struct {
 	h   uint64 // the key's hash
 }
 
+// use makes c.p the parameters of limit, validating limit only when it is
+// not the one c last saw. The caller holds c.mu.
+func (c *cell) use(limit Limit) error {
+	if c.p.matches(limit) {
+		return nil
+	}
+	p, err := limit.params()
+	if err != nil {
+		return err
+	}
+	c.p = p
+	return nil
+}
+
 // matches reports whether p holds the parameters of l (then l is valid).
 func (p *params) matches(l Limit) bool {
 	return p.rate == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*int64(time.Microsecond) == int64(l.Period)
@@ -296,14 +310,10 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if c := sh.table.Load().find(h, key); c != nil {
 		c.mu.Lock()
 		if c.b.rate != 0 {
-			if !c.p.matches(limit) {
-				p, err := limit.params()
-				if err != nil {
-					c.mu.Unlock()
-					*res = Result{}
-					return err
-				}
-				c.p = p
+			if err := c.use(limit); err != nil {
+				c.mu.Unlock()
+				*res = Result{}
+				return err
 			}
 			nb, write := c.p.decide(res, c.b, true, now, int64(cost))
 			full := !write && res.ResetAfter == 0
@@ -347,12 +357,8 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.p.matches(limit) {
-		p, err := limit.params()
-		if err != nil {
-			return err
-		}
-		c.p = p
+	if err := c.use(limit); err != nil {
+		return err
 	}
 	nb, write := c.p.decide(res, c.b, true, now, int64(cost))
 	switch {
