@@ -175,12 +175,9 @@ type cell struct {
 	h   uint64 // the key's hash
 }
 
-// use makes c.p the parameters of limit, validating limit only when it is
-// not the one c last saw. The caller holds c.mu.
-func (c *cell) use(limit Limit) error {
-	if c.p.matches(limit) {
-		return nil
-	}
+// reset makes c.p the parameters of limit, which c.p does not match, or
+// returns why limit is invalid. The caller holds c.mu.
+func (c *cell) reset(limit Limit) error {
 	p, err := limit.params()
 	if err != nil {
 		return err
@@ -310,10 +307,12 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if c := sh.table.Load().find(h, key); c != nil {
 		c.mu.Lock()
 		if c.b.rate != 0 {
-			if err := c.use(limit); err != nil {
-				c.mu.Unlock()
-				*res = Result{}
-				return err
+			if !c.p.matches(limit) {
+				if err := c.reset(limit); err != nil {
+					c.mu.Unlock()
+					*res = Result{}
+					return err
+				}
 			}
 			nb, write := c.p.decide(res, c.b, true, now, int64(cost))
 			full := !write && res.ResetAfter == 0
@@ -357,8 +356,10 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.use(limit); err != nil {
-		return err
+	if !c.p.matches(limit) {
+		if err := c.reset(limit); err != nil {
+			return err
+		}
 	}
 	nb, write := c.p.decide(res, c.b, true, now, int64(cost))
 	switch {
