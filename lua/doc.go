@@ -6,39 +6,67 @@
 //
 // [TokenBucket] is a token bucket kept as GCRA state (the bucket's
 // theoretical arrival time, one integer per key) and decided in one atomic
-// call on Redis's own clock (TIME). For one bucket it is run as
+// call on Redis's own clock (TIME). A bucket of capacity burst gets rate
+// tokens per period_us microseconds; a decision takes cost tokens when all of
+// them are there. T = period_us/rate is the time one token takes.
 //
-//	EVALSHA <TokenBucketSHA1> 1 <key> <rate> <period_us> <burst> <cost>
+// The script has two forms. Both read and write the same state, so they can
+// be mixed on one key.
 //
-// where rate tokens are added per period_us microseconds to a bucket of
-// capacity burst, and cost tokens are taken when all of them are there.
-// All four arguments are integers; rate, period_us and burst are at least 1,
+// # One key
+//
+// The one-key form takes the limit already in the units of the bucket's
+// debt (how far it is from full), so that Redis, which every app server
+// shares, parses three numbers and formats one:
+//
+//	EVALSHA <TokenBucketSHA1> 1 <key> <cap> <k>         when rate divides period_us
+//	EVALSHA <TokenBucketSHA1> 1 <key> <cap> <k> <rate>  otherwise
+//
+// A debt counts in units of 1/Q microsecond, where Q is 1 when rate divides
+// period_us and rate otherwise; one token is t = T*Q units (period_us/rate,
+// or period_us). cap = burst*t is the bucket's capacity and k = cost*t; both
+// are integers with 1 <= cap <= 2^50 and -cap <= k <= cap. k = 0 reads the
+// bucket; a negative k gives tokens back, never above capacity. A limit
+// whose cap would exceed 2^50 takes the general form.
+//
+// The reply is one integer. D >= 0: the cost was taken (always when k <= 0)
+// and D is the debt after it; -1-D < 0: denied, nothing written, and D is the
+// debt. Then
+//
+//	remaining       = floor((cap - D) / t)          whole tokens left
+//	reset_after_us  = ceil(D / Q)                   until the bucket is full
+//	retry_after_us  = ceil((D + k - cap) / Q)       after a denial: until cost tokens are there
+//
+// # General form
+//
+// The general form decides one bucket or several together, all or nothing,
+// with four arguments per key:
+//
+//	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <rate1> <period_us1> <burst1> <cost1> ... <costn>
+//
+// All arguments are integers; rate, period_us and burst are at least 1,
 // -burst <= cost <= burst, and burst*rate and burst*(floor(period_us/rate)+1)
 // are at most 2^50. A negative cost gives -cost tokens back (a refund), never
-// above capacity.
+// above capacity. The tokens are taken from every bucket if every bucket has
+// them, else from none. The reply holds four integers per key, in KEYS
+// order:
 //
-// The reply is an array of four integers:
-//
-//	[1] allowed         1 if the cost was taken (always 1 when cost <= 0), else 0
+//	[1] allowed         1 if the cost was taken (always 1 when no cost > 0), else 0
 //	[2] remaining       whole tokens left after the decision
 //	[3] retry_after_us  microseconds until the bucket holds cost tokens
 //	                    (rounded up); 0 when it holds them now
 //	[4] reset_after_us  microseconds until the bucket is full again (rounded up)
 //
-// Several buckets are decided together, all or nothing, by passing n keys
-// and four arguments per key in the same order:
+// On Redis Cluster the keys of one call must share a {hash tag}.
 //
-//	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <rate1> <period_us1> <burst1> <cost1> ... <costn>
-//
-// The tokens are taken from every bucket if every bucket has them, else
-// from none; the reply holds four integers per key, in KEYS order, with the
-// same allowed in each. On Redis Cluster the keys must share a {hash tag}.
+// # State
 //
 // A denied decision writes nothing, and cost 0 only reads. Every write sets
 // the key's expiry to the time until the bucket is full again, so no key
 // lives without a TTL and a full bucket occupies no memory. The key's value
 // is "<tat>" or "<tat>+<f>/<rate>": the instant, in microseconds of Redis's
 // clock, at which the bucket is full again, plus f/rate of a microsecond when
-// period_us is not a multiple of rate. The header of tokenbucket.lua states
+// period_us is not a multiple of rate. Arguments out of range get an error
+// reply starting with "ERR tollgate:". The header of tokenbucket.lua states
 // the same protocol next to the code.
 package lua

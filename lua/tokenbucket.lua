@@ -1,4 +1,4 @@
--- tollgate token bucket, version 2.
+-- tollgate token bucket, version 3.
 --
 -- A token bucket of capacity B refilled continuously at R tokens per P
 -- microseconds, kept as GCRA state: the bucket's "theoretical arrival time"
@@ -6,8 +6,28 @@
 -- a full bucket. All arithmetic is on integers; the clock is Redis's own
 -- (TIME), never an app server's.
 --
--- One call decides n >= 1 buckets together, all or nothing. For bucket i
--- (1-based):
+-- Two forms of call.
+--
+-- The one-key form (version 3) takes the limit in the units of the debt, so
+-- that Redis, which every app server shares, does as little as it can: the
+-- caller computes them once per limit, and remaining, retry and reset from
+-- the reply.
+-- KEYS[1]      the bucket key
+-- ARGV[1]      cap = B*T, the bucket's capacity as a debt, in units of 1/Q
+--              microsecond, where T = P/R is the time one token takes
+-- ARGV[2]      k = c*T, what taking c tokens adds to the debt (c = 0 reads,
+--              c < 0 gives -c tokens back, never above capacity)
+-- ARGV[3]      Q: R when R does not divide P; absent when it does (Q = 1,
+--              and T = P/R whole microseconds)
+--              Integers, 1 <= cap <= 2^50, -cap <= k <= cap, Q >= 1.
+-- Reply: one integer. D >= 0: allowed (always when k <= 0), and D is the debt
+-- after the decision; -1-D < 0: denied, and D is the debt, unchanged. The
+-- bucket then holds floor((cap - D) / T) whole tokens, is full again in
+-- ceil(D/Q) microseconds, and after a denial holds c tokens in
+-- ceil((D + k - cap)/Q) microseconds.
+--
+-- The general form (version 2) decides n >= 1 buckets together, all or
+-- nothing. For bucket i (1-based):
 -- KEYS[i]      the bucket key. One key per bucket; the keys are distinct, and
 --              on Redis Cluster they share a {hash tag}.
 -- ARGV[4i-3]   R, rate: tokens added per period, integer >= 1
@@ -16,10 +36,8 @@
 -- ARGV[4i]     c, cost: tokens to take, integer, -B <= c <= B; a negative c
 --              gives -c tokens back (a refund), never above capacity
 --              Limits: B*R <= 2^50 and B*(floor(P/R)+1) <= 2^50 (microseconds).
---
 -- The c tokens of every bucket are taken if every bucket has them (a refund
 -- always fits); otherwise none is taken, none given back, nothing written.
---
 -- Reply: an array of 4n integers, four per bucket in KEYS order:
 --   [4i-3] allowed         1 if the tokens were taken (always 1 when no
 --                          c > 0), else 0 — the same for every bucket
@@ -27,16 +45,18 @@
 --   [4i-1] retry_after_us  microseconds until bucket i holds its c tokens
 --                          (rounded up); 0 when it holds them now
 --   [4i]   reset_after_us  microseconds until bucket i is full again (rounded up)
--- or an error reply starting with "ERR tollgate:" for arguments out of range.
--- With n = 1 this is version 1's protocol unchanged.
 --
--- State, the string value of KEYS[i]:
+-- Either form answers arguments out of range with an error reply starting
+-- with "ERR tollgate:" (the one-key form raises a script error for
+-- arguments that are not numbers at all).
+--
+-- State, the string value of KEYS[i], the same for both forms:
 --   "<tat>"              TAT in whole microseconds of Redis's clock, or
 --   "<tat>+<f>/<R>"      TAT plus f/R of a microsecond (0 < f < R), used when
 --                        P is not a multiple of R.
 -- A value that does not parse is treated as a full bucket and replaced; a
 -- value further from full than B*T (left by a larger limit on the same key)
--- is read as an empty bucket.
+-- is read as an empty bucket; a fraction of another rate is rounded up.
 --
 -- Invariants:
 --   * c tokens are taken only when all c are there, in every bucket; a
@@ -44,199 +64,115 @@
 --     refund that fills the bucket deletes its key.
 --   * Every write sets the key's expiry (PX) to the time until the bucket is
 --     full again, so no key lives without a TTL and a full bucket is no key.
---   * Durations are pairs (u, f) meaning u + f/R microseconds, 0 <= f < R,
---     so rates that do not divide the period stay exact.
+--   * A fraction of a microsecond is carried exactly: in units of 1/Q (one
+--     key), or as pairs (u, f) meaning u + f/R microseconds (general form).
 
 local LIMIT = 1125899906842624 -- 2^50
-local n = #KEYS
-if n < 1 or #ARGV ~= 4 * n then
-  return redis.error_reply('ERR tollgate: want 4 arguments per key')
-end
+local n, na = #KEYS, #ARGV
 
--- One bucket, the common case, is decided first and inline, before the
--- general code's functions exist: Redis creates those anew on every call,
--- and creating and calling them cost a fifth of the call. The steps are
--- those of check, read, write and remaining below, on the same numbers in
--- the same order, so both give the same replies and writes; keep them in
--- step. Bad arguments go on to the general code before anything is read:
--- check has the last word on errors.
-if n == 1 then
-  local R, P, B, c = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-  if R and P and B and c and R >= 1 and P >= 1 and B >= 1 and c >= -B and c <= B
-      and R % 1 == 0 and P % 1 == 0 and B % 1 == 0 and c % 1 == 0 then
-    local Tq = math.floor(P / R) -- T = P/R = Tq + Tr/R, as divmod gives it
-    local Tr = P - Tq * R
-    if Tr < 0 then
-      Tq, Tr = Tq - 1, Tr + R
-    elseif Tr >= R then
-      Tq, Tr = Tq + 1, Tr - R
+-- The one-key form. Every step costs Redis time that no app server can
+-- take over (a number parsed or formatted costs more than the arithmetic),
+-- so it parses three numbers and formats one.
+if n == 1 and (na == 2 or na == 3) then
+  local cap, k, q, Q = ARGV[1] + 0, ARGV[2] + 0, ARGV[3], 1
+  if q then
+    Q = q + 0
+  end
+  if not (cap >= 1 and cap <= LIMIT and k >= -cap and k <= cap and Q >= 1
+      and cap % 1 == 0 and k % 1 == 0 and Q % 1 == 0) then
+    return redis.error_reply('ERR tollgate: invalid arguments')
+  end
+  if redis.replicate_commands then
+    redis.replicate_commands() -- Redis < 5: allow writes after TIME
+  end
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2] -- arithmetic converts once; tonumber would twice
+  local v = redis.call('GET', KEYS[1])
+  local d = 0 -- the debt D = TAT - now, at least 0, in units of 1/Q µs
+  if v then
+    local tat, f = nil, 0
+    if q then
+      local su, sf, sd = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+      if su then
+        tat, f = su + 0, sf + 0
+        if sd ~= q then
+          tat, f = tat + 1, 0 -- a fraction of another rate: round up, never loosen
+        elseif f >= Q then
+          tat = false -- not a state: a full bucket
+        end
+      end
     end
-    if B * R <= LIMIT and B * (Tq + 1) <= LIMIT then
-      if redis.replicate_commands then
-        redis.replicate_commands() -- Redis < 5: allow writes after TIME
-      end
-      local t = redis.call('TIME')
-      local now = t[1] * 1000000 + t[2] -- as in clock
-      local v = redis.call('GET', KEYS[1])
-      local tat = v and tonumber(v)
-
-      -- On plain integers when R divides P and the state is a whole number,
-      -- or there is no key: every f below would be 0.
-      if Tr == 0 and (not v or tat and tat % 1 == 0) then
-        local T = Tq
-        local d, cap = 0, B * T -- the debt D, not above the capacity B*T
-        if tat and now <= tat then
-          d = tat - now
-          if d > cap then
-            d = cap
-          end
+    if tat == nil then
+      tat = tonumber(v)
+      if not tat then
+        local su = string.match(v, '^(%d+)%+%d+/%d+$')
+        if su then
+          tat = su + 1 -- a fraction of another rate: round up
         end
-        local nd, retry = 0, 0 -- the debt after taking c; microseconds until c tokens are there
-        if c >= 0 then
-          nd = d + c * T
-          if c > 0 and nd > cap then
-            retry = nd - cap
-          end
-        elseif -c * T <= d then
-          nd = d + c * T
-        end
-        local allowed = 0
-        if retry == 0 then
-          allowed = 1
-          if c ~= 0 and nd == 0 then
-            redis.call('DEL', KEYS[1])
-          elseif c ~= 0 then
-            local ttl = math.ceil(nd / 1000)
-            if ttl >= 100000000 then
-              ttl = string.format('%.0f', ttl) -- as in write
-            end
-            -- '%.0f', not the cheaper '%d': Lua's '%d' goes through a C long,
-            -- which is 32 bits on 32-bit builds of Redis
-            redis.call('SET', KEYS[1], string.format('%.0f', now + nd), 'PX', ttl)
-          end
-          d = nd
-        end
-        -- remaining is floor((B*T - D) / T), exact for integers up to 2^50
-        return {allowed, math.floor((cap - d) / T), retry, d}
+      elseif tat % 1 ~= 0 and tat - tat == 0 then
+        tat = tat - tat % 1 + 1 -- not written here: round up, never loosen
       end
-
-      -- Otherwise on pairs (u, f) = u + f/R, with le, add, sub and ceil
-      -- written out. Every k*T below (times) has k <= B, so k*Tr < B*R <=
-      -- 2^50 and floor(k*Tr / R) is exact: divmod would correct nothing.
-      local du, df = 0, 0 -- the debt D, as in read
-      if v then
-        local tf = 0
-        if not tat then
-          local su, sf, sd = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
-          if su then -- digits: arithmetic converts them once, tonumber twice
-            tat, tf = su + 0, sf + 0
-            if sd ~= ARGV[1] and sd + 0 ~= R then
-              tat, tf = tat + 1, 0 -- stored under another rate: round up, never loosen
-            end
-          end
-        end
-        if tat and tf < R and now <= tat then -- le(now, 0, tat, tf), as tf >= 0
-          du, df = tat - now, tf
-        end
+    end
+    if tat and tat == tat then -- not NaN; infinities are clamped below
+      -- Above 2^53 the product is inexact, but then far above cap.
+      d = (tat - now) * Q + f
+      if d < 0 then
+        d = 0
+      elseif d > cap then
+        d = cap -- left by a larger limit: an empty bucket
       end
-      local x = B * Tr
-      local q = math.floor(x / R)
-      local cu, cf = B * Tq + q, x - q * R -- the capacity B*T
-      if not (du < cu or du == cu and df <= cf) then
-        du, df = cu, cf -- state left by a larger limit: read as an empty bucket
-      end
-      local k = c -- c*T, or -c*T for a refund
-      if c < 0 then
-        k = -c
-      end
-      x = k * Tr
-      q = math.floor(x / R)
-      local ku, kf = k * Tq + q, x - q * R
-      local nu, nf, retry = 0, 0, 0 -- the debt after taking c; microseconds until c tokens are there
-      if c >= 0 then
-        nu, nf = du + ku, df + kf
-        if nf >= R then
-          nu, nf = nu + 1, nf - R
-        end
-        if c > 0 and not (nu < cu or nu == cu and nf <= cf) then
-          local ru, rf = nu - cu, nf - cf
-          if rf < 0 then
-            ru, rf = ru - 1, rf + R
-          end
-          retry = ru
-          if rf > 0 then
-            retry = ru + 1
-          end
-        end
-      elseif ku < du or ku == du and kf <= df then -- a refund: D - (-c)*T, else 0 (full)
-        nu, nf = du - ku, df - kf
-        if nf < 0 then
-          nu, nf = nu - 1, nf + R
-        end
-      end
-      local allowed = 0
-      if retry == 0 then -- as in write
-        allowed = 1
-        if c ~= 0 and nu == 0 and nf == 0 then
-          redis.call('DEL', KEYS[1])
-          du, df = 0, 0
-        elseif c ~= 0 then
-          -- The new TAT now + D (nf < R: nothing carries), in '%.0f' as in
-          -- write ('%d' goes through a C long: 32 bits on 32-bit builds).
-          local tu, ttl = now + nu, nu -- ttl: ceil(D), then in milliseconds
-          local state
-          if nf > 0 then
-            state, ttl = string.format('%.0f+%.0f/%.0f', tu, nf, R), nu + 1
-          else
-            state = string.format('%.0f', tu)
-          end
-          ttl = math.ceil(ttl / 1000)
-          if ttl < 1 then
-            ttl = 1
-          elseif ttl >= 100000000 then
-            ttl = string.format('%.0f', ttl)
-          end
-          redis.call('SET', KEYS[1], state, 'PX', ttl)
-          du, df = nu, nf
-        end
-      end
-      -- remaining: the largest k <= B with k*T <= A = B*T - D, estimated in
-      -- floating point and then corrected, stepping k*T by T
-      local au, af = cu - du, cf - df
-      if af < 0 then
-        au, af = au - 1, af + R
-      end
-      k = math.floor((au + af / R) * R / P)
-      if k < 0 then
-        k = 0
-      elseif k > B then
-        k = B
-      end
-      x = k * Tr
-      q = math.floor(x / R)
-      local xu, xf = k * Tq + q, x - q * R -- k*T
-      while k > 0 and not (xu < au or xu == au and xf <= af) do
-        k, xu, xf = k - 1, xu - Tq, xf - Tr
-        if xf < 0 then
-          xu, xf = xu - 1, xf + R
-        end
-      end
-      while k < B do
-        xu, xf = xu + Tq, xf + Tr
-        if xf >= R then
-          xu, xf = xu + 1, xf - R
-        end
-        if not (xu < au or xu == au and xf <= af) then
-          break
-        end
-        k = k + 1
-      end
-      if df > 0 then
-        du = du + 1 -- ceil(D)
-      end
-      return {allowed, k, retry, du}
     end
   end
+  local nd = d + k
+  if k > 0 and nd > cap then
+    return -1 - d
+  end
+  if k ~= 0 then
+    if nd <= 0 then
+      nd = 0
+      redis.call('DEL', KEYS[1]) -- full again: a full bucket is no key
+    else
+      -- TAT = now + nd/Q = x + f/Q. Division by % and exact subtraction
+      -- (nd < 2^52): no call to math.floor. Formatted in two halves with
+      -- '%d', cheaper than '%.0f', and within 32 bits (Lua's '%d' goes
+      -- through a C long) until the year 8000.
+      local f = nd % Q
+      local x = now + (nd - f) / Q
+      local lo = x % 100000000
+      local hi = (x - lo) / 100000000
+      local state
+      if hi == 0 then -- a clock before 1970-01-01 00:01:40
+        state = string.format('%.0f', x)
+        if f > 0 then
+          state = state .. '+' .. string.format('%.0f', f) .. '/' .. q
+        end
+      elseif f == 0 then
+        state = string.format('%d%08d', hi, lo)
+      elseif Q <= 2147483647 then
+        state = string.format('%d%08d+%d/%s', hi, lo, f, q)
+      else
+        state = string.format('%d%08d+%.0f/%s', hi, lo, f, q)
+      end
+      local m = Q * 1000 -- the TTL: nd/Q µs in milliseconds, rounded up
+      local r = nd % m
+      local ttl = (nd - r) / m
+      if r > 0 then
+        ttl = ttl + 1
+      end
+      if ttl >= 100000000 then
+        -- Redis 7.2.0 to 7.2.4 send a Lua number of 10^8 or more with many
+        -- trailing zeros (1e8, 2e8, 1.5e9) as "1e+08"-like text, which SET
+        -- refuses; below 10^8 a number always goes in full digits.
+        ttl = string.format('%.0f', ttl)
+      end
+      redis.call('SET', KEYS[1], state, 'PX', ttl)
+    end
+  end
+  return nd
+end
+
+if n < 1 or na ~= 4 * n then
+  return redis.error_reply('ERR tollgate: want 4 arguments per key')
 end
 
 -- a = q*b + r with 0 <= r < b, exact for integers below 2^53.

@@ -46,7 +46,13 @@ type call struct {
 	args []any    // 4 per key
 	res  []Result // one per key, filled in by the call
 	err  error
-	done chan struct{} // signalled when res and err are set
+
+	// The one-key form of the script (oneKey): its reply is read in the
+	// limit's units u, the decision adding k to the debt.
+	oneKey bool
+	u      units
+	k      int64
+	done   chan struct{} // signalled when res and err are set
 
 	// Backing arrays for a one-key call, so that a Take allocates none.
 	keys1 [1]string
@@ -235,7 +241,7 @@ func (b *batcher) result(ctx context.Context, c *call, cmd *redis.Cmd) error {
 		b.r.failed(ctx, err)
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
-	if err := parseReply(cmd.Val(), c.res); err != nil {
+	if err := c.parse(cmd.Val()); err != nil {
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
 	return nil

@@ -138,3 +138,51 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 	res.ResetAfter = time.Duration(debt.ceil()) * time.Microsecond
 	return nb, write
 }
+
+// units is a Limit in the units of the script's one-key form
+// (lua/tokenbucket.lua): a debt (how far a bucket is from full) counts in
+// 1/q microsecond, one token is t of them, and the bucket holds cap = Burst*t.
+// q is 1 when the rate divides the period, else the rate.
+type units struct {
+	t, q, cap int64
+}
+
+// units returns p in the one-key form's units; ok is false when the
+// capacity is above 2^50 of them (a rate that does not divide a long period
+// with a large burst), and the call takes the general form.
+func (p *params) units() (u units, ok bool) {
+	if p.tr == 0 {
+		return units{t: p.tq, q: 1, cap: p.burst * p.tq}, true // burst*(tq+1) <= 2^50
+	}
+	if hi, lo := bits.Mul64(uint64(p.burst), uint64(p.period)); hi != 0 || lo > maxProduct {
+		return units{}, false
+	}
+	return units{t: p.period, q: p.rate, cap: p.burst * p.period}, true
+}
+
+// result reads the one-key form's reply r to a decision that added k to the
+// debt when allowed: the same Result as the general form's four integers
+// (all but Limit). ok is false for a reply the script cannot give.
+func (u *units) result(r, k int64) (res Result, ok bool) {
+	res.Allowed = r >= 0
+	debt := r
+	if !res.Allowed {
+		debt = -1 - r
+	}
+	if debt < 0 || debt > u.cap {
+		return Result{}, false
+	}
+	res.Remaining = int((u.cap - debt) / u.t)
+	res.ResetAfter = time.Duration(ceilDiv(debt, u.q)) * time.Microsecond
+	if !res.Allowed {
+		short := debt + k - u.cap // how far taking k would overfill the debt
+		if k <= 0 || short <= 0 {
+			return Result{}, false
+		}
+		res.RetryAfter = time.Duration(ceilDiv(short, u.q)) * time.Microsecond
+	}
+	return res, true
+}
+
+// ceilDiv is a/b rounded up, for a >= 0 and b >= 1.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

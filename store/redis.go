@@ -139,9 +139,20 @@ func (r *Redis) one(ctx context.Context, key string, p *params, limit Limit, cos
 	}
 	c := newCall(ctx, key)
 	c.keys1[0] = r.Key(key)
-	v := r.boxedParams(p)
-	c.args1 = [4]any{v[0], v[1], v[2], cost}
-	c.keys, c.args, c.res = c.keys1[:], c.args1[:], c.res1[:]
+	c.keys, c.res = c.keys1[:], c.res1[:]
+	b := r.boxedParams(p)
+	if b.oneKey {
+		c.oneKey, c.u, c.k = true, b.u, int64(cost)*b.u.t
+		k := b.v[1] // cost 1
+		if cost != 1 {
+			k = c.k // boxing allocates unless it is below 256
+		}
+		c.args1[0], c.args1[1], c.args1[2] = b.v[0], k, b.v[2]
+		c.args = c.args1[:b.n]
+	} else {
+		c.args1 = [4]any{b.v[0], b.v[1], b.v[2], cost}
+		c.args = c.args1[:]
+	}
 	err, abandoned := r.exec(ctx, c)
 	if err != nil {
 		if !abandoned {
@@ -254,6 +265,16 @@ func (r *Redis) groups(reqs []Request) [][]int {
 // their Results into out.
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, out []Result, sign int) error {
 	c := newCall(ctx, reqs[g[0]].Key)
+	if i := g[0]; len(g) == 1 {
+		if u, ok := ps[i].units(); ok {
+			cost := int64(sign * reqs[i].Cost)
+			c.keys = []string{r.Key(reqs[i].Key)}
+			c.args = oneKeyArgs(u, cost)
+			c.res = make([]Result, 1)
+			c.oneKey, c.u, c.k = true, u, cost*u.t
+			return r.finish(ctx, c, reqs, g, out)
+		}
+	}
 	c.keys = make([]string, len(g))
 	c.args = make([]any, 0, 4*len(g))
 	c.res = make([]Result, len(g))
@@ -261,6 +282,11 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		c.keys[j] = r.Key(reqs[i].Key)
 		c.args = append(c.args, ps[i].rate, ps[i].period, ps[i].burst, sign*reqs[i].Cost)
 	}
+	return r.finish(ctx, c, reqs, g, out)
+}
+
+// finish runs group's call c and fills in the results of its requests.
+func (r *Redis) finish(ctx context.Context, c *call, reqs []Request, g []int, out []Result) error {
 	err, abandoned := r.exec(ctx, c)
 	if err == nil {
 		for j, i := range g {
@@ -334,27 +360,46 @@ func (r *Redis) run(ctx context.Context, c *call) error {
 		r.failed(ctx, err)
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
-	if err := parseReply(reply, c.res); err != nil {
+	if err := c.parse(reply); err != nil {
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
 	return nil
 }
 
-// boxedParams returns the script's first three arguments for p as
-// interface values, kept from the previous call when the limit is the same:
-// boxing integers above 255 allocates.
-func (r *Redis) boxedParams(p *params) *[3]any {
+// boxedParams returns the script's arguments for p as interface values,
+// kept from the previous call when the limit is the same: boxing integers
+// above 255 allocates.
+func (r *Redis) boxedParams(p *params) *boxed {
 	if b := r.boxed.Load(); b != nil && b.p == *p {
-		return &b.v
+		return b
 	}
 	b := &boxed{p: *p, v: [3]any{p.rate, p.period, p.burst}}
+	if u, ok := p.units(); ok {
+		b.oneKey, b.u, b.v = true, u, [3]any{}
+		b.n = copy(b.v[:], oneKeyArgs(u, 1))
+	}
 	r.boxed.Store(b)
-	return &b.v
+	return b
 }
 
+// boxed holds the arguments of a limit: of the one-key form (cap, k for
+// cost 1, and q unless it is 1: n of them) when oneKey, else the general
+// form's rate, period and burst.
 type boxed struct {
-	p params
-	v [3]any
+	p      params
+	oneKey bool
+	u      units
+	n      int
+	v      [3]any
+}
+
+// oneKeyArgs returns the one-key form's arguments for a decision of cost
+// tokens (lua/tokenbucket.lua).
+func oneKeyArgs(u units, cost int64) []any {
+	if u.q == 1 {
+		return []any{u.cap, cost * u.t}
+	}
+	return []any{u.cap, cost * u.t, u.q}
 }
 
 func (r *Redis) nodeBatcher(node *redis.Client) *batcher {
@@ -413,7 +458,21 @@ func isNoScript(err error) bool {
 	return strings.Contains(msg, "noscript") || strings.Contains(msg, "no matching script")
 }
 
-// parseReply reads a reply of 4 integers per key into dst.
+// parse reads the script's reply to c into c.res.
+func (c *call) parse(reply any) error {
+	if !c.oneKey {
+		return parseReply(reply, c.res)
+	}
+	if n, ok := reply.(int64); ok {
+		if res, ok := c.u.result(n, c.k); ok {
+			c.res[0] = res
+			return nil
+		}
+	}
+	return fmt.Errorf("unexpected script reply %v", reply)
+}
+
+// parseReply reads the general form's reply, 4 integers per key, into dst.
 func parseReply(reply any, dst []Result) error {
 	v, ok := reply.([]any)
 	if !ok || len(v) != 4*len(dst) {

@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,6 +280,85 @@ func TestRedisLongTTL(t *testing.T) {
 			}
 			if r, err := s.Take(ctx, c.name, c.limit, 0); err != nil || r.ResetAfter <= c.want-time.Second {
 				t.Errorf("read back = %+v, %v; want the bucket %v from full", r, err, c.want)
+			}
+		})
+	}
+}
+
+// argCounter records the number of ARGV of the last script call.
+type argCounter struct{ argv atomic.Int64 }
+
+func (h *argCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *argCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.argv.Store(int64(len(cmd.Args()) - 4)) // EVALSHA sha numkeys key ARGV...
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *argCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The store decides one key with the script's one-key form when the limit
+// fits it; the general form, given the same decisions on the same clock,
+// answers the same and leaves the same state and TTL — so the two can share
+// a key (a Take and a TakeAll of several keys, or two versions of the
+// store during a rolling deploy).
+func TestRedisScriptFormsAgree(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		limit store.Limit
+		argv  int64 // the form Take uses: 2 or 3 (one-key), 4 (general)
+	}{
+		{"rate divides period", store.PerMinute(10), 2},
+		{"fraction", store.Limit{Rate: 3, Period: time.Second, Burst: 5}, 3},
+		{"benchmark's", store.Limit{Rate: 10_000_000, Period: time.Second, Burst: 100_000_000}, 3},
+		{"fraction, long TTL", store.Limit{Rate: 7, Period: 1_000_000*time.Second + time.Microsecond, Burst: 3}, 3},
+		{"capacity above 2^50 units", store.Limit{Rate: 999_983, Period: 1000 * time.Second, Burst: 2_000_000}, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mr, client, advance := newMiniredis(t)
+			h := &argCounter{}
+			client.AddHook(h)
+			s := store.NewRedis(client, store.WithBatching(0))
+			ctx := context.Background()
+			lim := c.limit
+			period := lim.Period.Microseconds()
+			rng := rand.New(rand.NewPCG(1, uint64(lim.Rate)))
+			for i := range 300 {
+				advance(time.Duration(rng.Int64N(int64(lim.Period)/int64(lim.Rate)*3+1)) / time.Microsecond * time.Microsecond)
+				cost := []int{0, 1, 1, 1, 2, lim.Burst, rng.IntN(lim.Burst + 1), -1, -rng.IntN(lim.Burst + 1)}[rng.IntN(9)]
+				var got store.Result
+				var err error
+				if cost >= 0 {
+					got, err = s.Take(ctx, "a", lim, cost)
+				} else {
+					got, err = s.Refund(ctx, "a", lim, -cost)
+				}
+				if err != nil {
+					t.Fatalf("op %d: cost %d: %v", i, cost, err)
+				}
+				if n := h.argv.Load(); n != c.argv {
+					t.Fatalf("op %d: the script got %d arguments; want %d", i, n, c.argv)
+				}
+				reply, err := client.EvalSha(ctx, lua.TokenBucketSHA1, []string{"tollgate:b"},
+					lim.Rate, period, lim.Burst, cost).Int64Slice()
+				if err != nil || len(reply) != 4 {
+					t.Fatalf("op %d: general form: %v, %v", i, reply, err)
+				}
+				want := store.Result{Limit: lim, Allowed: reply[0] == 1, Remaining: int(reply[1]),
+					RetryAfter: time.Duration(reply[2]) * time.Microsecond, ResetAfter: time.Duration(reply[3]) * time.Microsecond}
+				if got != want {
+					t.Fatalf("op %d: cost %d: one-key form %+v, general form %+v", i, cost, got, want)
+				}
+				va, _ := mr.Get("tollgate:a")
+				vb, _ := mr.Get("tollgate:b")
+				if va != vb || mr.TTL("tollgate:a") != mr.TTL("tollgate:b") {
+					t.Fatalf("op %d: cost %d: state %q TTL %v, general form's %q TTL %v", i, cost,
+						va, mr.TTL("tollgate:a"), vb, mr.TTL("tollgate:b"))
+				}
 			}
 		})
 	}
