@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/lua"
+	"github.com/tollgate-go/tollgate/store"
 )
 
 // ceilRun is one redis-benchmark run of tollgate's script.
@@ -19,8 +21,8 @@ type ceilRun struct {
 	conns    int
 	pipeline int
 	n        int
-	random   bool   // -r 100000 and a __rand_int__ key
-	limit    string // rate period_us burst
+	random   bool // -r 100000 and a __rand_int__ key
+	limit    store.Limit
 }
 
 type ceilRow struct {
@@ -37,10 +39,11 @@ type ceilRow struct {
 
 func (r *report) ceilRuns() []ceilRun {
 	n := r.cfg.ceilN
-	// rate period_us burst: the limits of BenchmarkDecide's workloads
-	// (decide_test.go), so that each row bounds the same decisions:
-	// 10^7/s, burst 10^8 (nothing here drains it), and 100/s, burst 100.
-	generous, denied := "10000000 1000000 100000000", "100 1000000 100"
+	// The limits of BenchmarkDecide's workloads (decide_test.go), so that
+	// each row bounds the same decisions: 10^7/s, burst 10^8 (nothing here
+	// drains it), and 100/s, burst 100.
+	generous := store.Limit{Rate: 10_000_000, Period: time.Second, Burst: 100_000_000}
+	denied := store.Limit{Rate: 100, Period: time.Second, Burst: 100}
 	return []ceilRun{
 		{"hot key, 1 connection", "hot", 1, 1, max(n/5, 1), false, generous},
 		{"hot key, 64 connections", "hot", 64, 1, n, false, generous},
@@ -82,8 +85,7 @@ func (r *report) ceiling(ctx context.Context) error {
 			args = append(args, "-r", "100000")
 		}
 		args = append(args, "--csv", "EVALSHA", sha, "1", key)
-		args = append(args, strings.Fields(run.limit)...)
-		args = append(args, "1")
+		args = append(args, scriptArgs(run.limit, 1)...)
 		row := ceilRow{run: run, cmdline: "redis-benchmark " + strings.Join(args, " ")}
 		before, err := r.stats(ctx)
 		if err != nil {
@@ -112,6 +114,23 @@ func (r *report) ceiling(ctx context.Context) error {
 		r.ceilRows = append(r.ceilRows, row)
 	}
 	return nil
+}
+
+// scriptArgs returns the arguments that store.Redis gives the script for a
+// decision of cost tokens under l (the protocol of package lua): the
+// one-key form, capacity and cost in units of 1/Q microsecond, when the
+// capacity fits in 2^50 units, else the general form.
+func scriptArgs(l store.Limit, cost int64) []string {
+	rate, period, burst := int64(l.Rate), l.Period.Microseconds(), int64(l.Burst)
+	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	if period%rate == 0 {
+		t := period / rate
+		return []string{itoa(burst * t), itoa(cost * t)}
+	}
+	if burst <= 1<<50/period {
+		return []string{itoa(burst * period), itoa(cost * period), itoa(rate)}
+	}
+	return []string{itoa(rate), itoa(period), itoa(burst), itoa(cost)}
 }
 
 // parseBenchmarkCSV reads redis-benchmark --csv: a header line, then
