@@ -21,7 +21,7 @@ import (
 )
 
 var (
-	batchingFlag = flag.String("batching", "0,16",
+	batchingFlag = flag.String("batching", "0,4",
 		"comma-separated n of the tollgate-batch<n> variants on Redis, with store.WithBatching(n) "+
 			"(needs -tags tollgate_batching; empty for none)")
 	poolFlag = flag.Int("pool", 64, "PoolSize of every go-redis client")

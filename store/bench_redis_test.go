@@ -22,7 +22,7 @@ func BenchmarkRedisTake(b *testing.B) {
 	for _, v := range []struct {
 		name string
 		n    int
-	}{{"batch=4", store.DefaultBatchPipelines}, {"batch=1", 1}, {"batch=off", 0}} {
+	}{{"batch=default", store.DefaultBatchPipelines}, {"batch=4", 4}, {"batch=1", 1}, {"batch=off", 0}} {
 		s := store.NewRedis(client, store.WithBatching(v.n))
 		if _, err := s.Take(ctx, "warm", benchLimit, 1); err != nil {
 			b.Fatal(err)

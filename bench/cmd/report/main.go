@@ -78,7 +78,7 @@ func run() error {
 	flag.StringVar(&sections, "sections", strings.Join(allSections, ","), "parts to run, comma-separated")
 	flag.IntVar(&c.count, "count", 6, "decide: samples per benchmark, in that many passes over all of them (benchstat needs 6 for a 95% interval)")
 	flag.StringVar(&c.benchtime, "benchtime", "150ms", "decide: go test -benchtime")
-	flag.StringVar(&c.batching, "batching", "0,16", "n of the tollgate-batch<n> variants (store.WithBatching), when built")
+	flag.StringVar(&c.batching, "batching", "0,4", "n of the tollgate-batch<n> variants (store.WithBatching), when built")
 	flag.IntVar(&c.conns, "conns", 64, "http: connections of the load generator")
 	flag.DurationVar(&c.httpDur, "http-duration", 2*time.Second, "http: measured duration of each run")
 	flag.IntVar(&c.httpRounds, "http-rounds", 2, "http: runs per library, in rounds over all of them")
