@@ -20,11 +20,12 @@
 // shares, parses three numbers and formats one:
 //
 //	EVALSHA <TokenBucketSHA1> 1 <key> <cap> <k>         when rate divides period_us
-//	EVALSHA <TokenBucketSHA1> 1 <key> <cap> <k> <rate>  otherwise
+//	EVALSHA <TokenBucketSHA1> 1 <key> <cap> <k> <Q>     otherwise
 //
-// A debt counts in units of 1/Q microsecond, where Q is 1 when rate divides
-// period_us and rate otherwise; one token is t = T*Q units (period_us/rate,
-// or period_us). cap = burst*t is the bucket's capacity and k = cost*t; both
+// A debt counts in units of 1/Q microsecond, where Q/t is rate/period_us in
+// lowest terms (Q = rate/gcd(rate, period_us), t = period_us/gcd; Q = 1 when
+// rate divides period_us): one token is t units, the coarsest unit that
+// keeps T exact. cap = burst*t is the bucket's capacity and k = cost*t; both
 // are integers with 1 <= cap <= 2^50 and -cap <= k <= cap. k = 0 reads the
 // bucket; a negative k gives tokens back, never above capacity. A limit
 // whose cap would exceed 2^50 takes the general form.
@@ -64,9 +65,10 @@
 // A denied decision writes nothing, and cost 0 only reads. Every write sets
 // the key's expiry to the time until the bucket is full again, so no key
 // lives without a TTL and a full bucket occupies no memory. The key's value
-// is "<tat>" or "<tat>+<f>/<rate>": the instant, in microseconds of Redis's
-// clock, at which the bucket is full again, plus f/rate of a microsecond when
-// period_us is not a multiple of rate. Arguments out of range get an error
+// is "<tat>" or "<tat>+<f>/<Q>": the instant, in microseconds of Redis's
+// clock, at which the bucket is full again, plus f/Q of a microsecond when
+// period_us is not a multiple of rate (Q as above). Arguments out of range
+// get an error
 // reply starting with "ERR tollgate:". The header of tokenbucket.lua states
 // the same protocol next to the code.
 package lua

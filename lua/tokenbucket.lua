@@ -17,8 +17,8 @@
 --              microsecond, where T = P/R is the time one token takes
 -- ARGV[2]      k = c*T, what taking c tokens adds to the debt (c = 0 reads,
 --              c < 0 gives -c tokens back, never above capacity)
--- ARGV[3]      Q: R when R does not divide P; absent when it does (Q = 1,
---              and T = P/R whole microseconds)
+-- ARGV[3]      Q = R/gcd(R, P) when R does not divide P; absent when it
+--              does (Q = 1, and T = P/R whole microseconds)
 --              Integers, 1 <= cap <= 2^50, -cap <= k <= cap, Q >= 1.
 -- Reply: one integer. D >= 0: allowed (always when k <= 0), and D is the debt
 -- after the decision; -1-D < 0: denied, and D is the debt, unchanged. The
@@ -52,8 +52,8 @@
 --
 -- State, the string value of KEYS[i], the same for both forms:
 --   "<tat>"              TAT in whole microseconds of Redis's clock, or
---   "<tat>+<f>/<R>"      TAT plus f/R of a microsecond (0 < f < R), used when
---                        P is not a multiple of R.
+--   "<tat>+<f>/<Q>"      TAT plus f/Q of a microsecond (0 < f < Q), used when
+--                        P is not a multiple of R; Q = R/gcd(R, P).
 -- A value that does not parse is treated as a full bucket and replaced; a
 -- value further from full than B*T (left by a larger limit on the same key)
 -- is read as an empty bucket; a fraction of another rate is rounded up.
@@ -65,7 +65,8 @@
 --   * Every write sets the key's expiry (PX) to the time until the bucket is
 --     full again, so no key lives without a TTL and a full bucket is no key.
 --   * A fraction of a microsecond is carried exactly: in units of 1/Q (one
---     key), or as pairs (u, f) meaning u + f/R microseconds (general form).
+--     key), or as pairs (u, f) meaning u + f/R microseconds with R and P in
+--     lowest terms (general form): the same unit.
 
 local LIMIT = 1125899906842624 -- 2^50
 local n, na = #KEYS, #ARGV
@@ -212,8 +213,9 @@ local function ceil(u, f)
   return u
 end
 
--- check takes a bucket's arguments as tonumber gives them and returns R, P,
--- B, c and T = P/R as Tq + Tr/R, or nil and an error message.
+-- check takes a bucket's arguments as tonumber gives them and returns R, P
+-- (in lowest terms), B, c and T = P/R as Tq + Tr/R, or nil and an error
+-- message.
 local function check(R, P, B, c)
   if not (R and P and B and c) or R < 1 or P < 1 or B < 1 or c < -B or c > B
       or R % 1 ~= 0 or P % 1 ~= 0 or B % 1 ~= 0 or c % 1 ~= 0 then
@@ -222,6 +224,18 @@ local function check(R, P, B, c)
   local Tq, Tr = divmod(P, R)
   if B * R > LIMIT or B * (Tq + 1) > LIMIT then
     return nil, 'ERR tollgate: limit out of range'
+  end
+  -- R and P in lowest terms (T is the same): a fraction of a microsecond
+  -- counts in 1/R, the coarsest unit that keeps it exact, as in the one-key
+  -- form. Above 2^53 % is not exact, and such a P stays as it is.
+  if Tr > 0 and P <= 9007199254740992 then
+    local a, b = R, P
+    while b > 0 do -- not a, b = b, a % b: gopher-lua (miniredis) assigns a first
+      local r = a % b
+      a = b
+      b = r
+    end
+    R, P, Tr = R / a, P / a, Tr / a
   end
   return R, P, B, c, Tq, Tr
 end

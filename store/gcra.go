@@ -142,7 +142,9 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 // units is a Limit in the units of the script's one-key form
 // (lua/tokenbucket.lua): a debt (how far a bucket is from full) counts in
 // 1/q microsecond, one token is t of them, and the bucket holds cap = Burst*t.
-// q is 1 when the rate divides the period, else the rate.
+// q/t is rate/period in lowest terms (q = 1 when the rate divides the
+// period): the coarsest unit that keeps T exact, so the numbers Redis
+// parses and formats are as short as they can be.
 type units struct {
 	t, q, cap int64
 }
@@ -154,10 +156,22 @@ func (p *params) units() (u units, ok bool) {
 	if p.tr == 0 {
 		return units{t: p.tq, q: 1, cap: p.burst * p.tq}, true // burst*(tq+1) <= 2^50
 	}
-	if hi, lo := bits.Mul64(uint64(p.burst), uint64(p.period)); hi != 0 || lo > maxProduct {
+	g := int64(1)
+	if p.period <= 1<<53 { // as the script: above, its arithmetic is not exact
+		g = gcd(p.rate, p.period)
+	}
+	q, t := p.rate/g, p.period/g
+	if hi, lo := bits.Mul64(uint64(p.burst), uint64(t)); hi != 0 || lo > maxProduct {
 		return units{}, false
 	}
-	return units{t: p.period, q: p.rate, cap: p.burst * p.period}, true
+	return units{t: t, q: q, cap: p.burst * t}, true
+}
+
+func gcd(a, b int64) int64 {
+	for b > 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // result reads the one-key form's reply r to a decision that added k to the

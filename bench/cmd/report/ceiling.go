@@ -118,8 +118,9 @@ func (r *report) ceiling(ctx context.Context) error {
 
 // scriptArgs returns the arguments that store.Redis gives the script for a
 // decision of cost tokens under l (the protocol of package lua): the
-// one-key form, capacity and cost in units of 1/Q microsecond, when the
-// capacity fits in 2^50 units, else the general form.
+// one-key form, capacity and cost in units of 1/Q microsecond (rate/period
+// in lowest terms is Q/t), when the capacity fits in 2^50 units, else the
+// general form.
 func scriptArgs(l store.Limit, cost int64) []string {
 	rate, period, burst := int64(l.Rate), l.Period.Microseconds(), int64(l.Burst)
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
@@ -127,10 +128,21 @@ func scriptArgs(l store.Limit, cost int64) []string {
 		t := period / rate
 		return []string{itoa(burst * t), itoa(cost * t)}
 	}
-	if burst <= 1<<50/period {
-		return []string{itoa(burst * period), itoa(cost * period), itoa(rate)}
+	g := int64(1)
+	if period <= 1<<53 {
+		g = gcd(rate, period)
+	}
+	if q, t := rate/g, period/g; burst <= 1<<50/t {
+		return []string{itoa(burst * t), itoa(cost * t), itoa(q)}
 	}
 	return []string{itoa(rate), itoa(period), itoa(burst), itoa(cost)}
+}
+
+func gcd(a, b int64) int64 {
+	for b > 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // parseBenchmarkCSV reads redis-benchmark --csv: a header line, then

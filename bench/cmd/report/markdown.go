@@ -341,7 +341,7 @@ func (r *report) ceilingMarkdown(b *bytes.Buffer) {
 	p("## 4. The ceiling: redis-benchmark running tollgate's script\n\n")
 	p("`lua.TokenBucket` loaded with `SCRIPT LOAD`, then run by `redis-benchmark` (in C, no Go client " +
 		"between) with the arguments `store.Redis` sends for a Take of cost 1 (the one-key form of " +
-		"`lua/tokenbucket.lua`: `EVALSHA <sha> 1 <key> <cap> <k> [<rate>]`, the limit in the bucket's units, " +
+		"`lua/tokenbucket.lua`: `EVALSHA <sha> 1 <key> <cap> <k> [<Q>]`, the limit in the bucket's units, " +
 		"the commands below): what this machine's redis-server can decide at most, one command per round " +
 		"trip (`-P 1`) or 16 (`-P 16`). The last columns set tollgate's `store.Redis` from section 1 against it, " +
 		"same workload and concurrency: without batching against `-P 1`, with its default batching against " +
