@@ -12,17 +12,19 @@
 -- that Redis, which every app server shares, does as little as it can: the
 -- caller computes them once per limit, and remaining, retry and reset from
 -- the reply.
+-- A debt counts in units of 1/Q microsecond, where Q/t is R/P in lowest
+-- terms (Q = R/gcd(R, P), t = P/gcd(R, P)): one token, T = P/R
+-- microseconds, is t units.
 -- KEYS[1]      the bucket key
--- ARGV[1]      cap = B*T, the bucket's capacity as a debt, in units of 1/Q
---              microsecond, where T = P/R is the time one token takes
--- ARGV[2]      k = c*T, what taking c tokens adds to the debt (c = 0 reads,
+-- ARGV[1]      cap = B*t, the bucket's capacity as a debt
+-- ARGV[2]      k = c*t, what taking c tokens adds to the debt (c = 0 reads,
 --              c < 0 gives -c tokens back, never above capacity)
--- ARGV[3]      Q = R/gcd(R, P) when R does not divide P; absent when it
---              does (Q = 1, and T = P/R whole microseconds)
---              Integers, 1 <= cap <= 2^50, -cap <= k <= cap, Q >= 1.
+-- ARGV[3]      Q, when it is not 1 (when R does not divide P)
+--              Integers in decimal, 1 <= cap <= 2^50, -cap <= k <= cap,
+--              1 <= Q <= 2^50.
 -- Reply: one integer. D >= 0: allowed (always when k <= 0), and D is the debt
 -- after the decision; -1-D < 0: denied, and D is the debt, unchanged. The
--- bucket then holds floor((cap - D) / T) whole tokens, is full again in
+-- bucket then holds floor((cap - D) / t) whole tokens, is full again in
 -- ceil(D/Q) microseconds, and after a denial holds c tokens in
 -- ceil((D + k - cap)/Q) microseconds.
 --
@@ -66,7 +68,8 @@
 --     full again, so no key lives without a TTL and a full bucket is no key.
 --   * A fraction of a microsecond is carried exactly: in units of 1/Q (one
 --     key), or as pairs (u, f) meaning u + f/R microseconds with R and P in
---     lowest terms (general form): the same unit.
+--     lowest terms (general form; P above 2^53 stays as Lua reads it): the
+--     same unit, 1 when R divides P.
 
 local LIMIT = 1125899906842624 -- 2^50
 local n, na = #KEYS, #ARGV
@@ -79,7 +82,7 @@ if n == 1 and (na == 2 or na == 3) then
   if q then
     Q = q + 0
   end
-  if not (cap >= 1 and cap <= LIMIT and k >= -cap and k <= cap and Q >= 1
+  if not (cap >= 1 and cap <= LIMIT and k >= -cap and k <= cap and Q >= 1 and Q <= LIMIT
       and cap % 1 == 0 and k % 1 == 0 and Q % 1 == 0) then
     return redis.error_reply('ERR tollgate: invalid arguments')
   end
@@ -96,7 +99,7 @@ if n == 1 and (na == 2 or na == 3) then
       local su, sf, sd = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
       if su then
         tat, f = su + 0, sf + 0
-        if sd ~= q then
+        if sd ~= q and sd + 0 ~= Q then -- q as given ("3.0"), the state as written ("3")
           tat, f = tat + 1, 0 -- a fraction of another rate: round up, never loosen
         elseif f >= Q then
           tat = false -- not a state: a full bucket
@@ -145,14 +148,14 @@ if n == 1 and (na == 2 or na == 3) then
       if hi == 0 then -- a clock before 1970-01-01 00:01:40
         state = string.format('%.0f', x)
         if f > 0 then
-          state = state .. '+' .. string.format('%.0f', f) .. '/' .. q
+          state = state .. string.format('+%.0f/%.0f', f, Q)
         end
       elseif f == 0 then
         state = string.format('%d%08d', hi, lo)
-      elseif Q <= 2147483647 then
-        state = string.format('%d%08d+%d/%s', hi, lo, f, q)
+      elseif Q <= 2147483647 then -- Q in digits, whatever text it came as
+        state = string.format('%d%08d+%d/%d', hi, lo, f, Q)
       else
-        state = string.format('%d%08d+%.0f/%s', hi, lo, f, q)
+        state = string.format('%d%08d+%.0f/%.0f', hi, lo, f, Q)
       end
       local m = Q * 1000 -- the TTL: nd/Q µs in milliseconds, rounded up
       local r = nd % m
@@ -173,7 +176,7 @@ if n == 1 and (na == 2 or na == 3) then
 end
 
 if n < 1 or na ~= 4 * n then
-  return redis.error_reply('ERR tollgate: want 4 arguments per key')
+  return redis.error_reply('ERR tollgate: want 2 or 3 arguments for one key, or 4 per key')
 end
 
 -- a = q*b + r with 0 <= r < b, exact for integers below 2^53.
@@ -226,9 +229,10 @@ local function check(R, P, B, c)
     return nil, 'ERR tollgate: limit out of range'
   end
   -- R and P in lowest terms (T is the same): a fraction of a microsecond
-  -- counts in 1/R, the coarsest unit that keeps it exact, as in the one-key
-  -- form. Above 2^53 % is not exact, and such a P stays as it is.
-  if Tr > 0 and P <= 9007199254740992 then
+  -- counts in 1/R, the coarsest unit that keeps it exact (R = 1 when R
+  -- divided P), as in the one-key form and the Memory store. Above 2^53 %
+  -- is not exact, and such a P stays as tonumber read it.
+  if P <= 9007199254740992 then
     local a, b = R, P
     while b > 0 do -- not a, b = b, a % b: gopher-lua (miniredis) assigns a first
       local r = a % b

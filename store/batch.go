@@ -47,7 +47,7 @@ type call struct {
 	ctx  context.Context
 	key  string   // the caller's first key, for errors
 	keys []string // the script's KEYS
-	args []any    // 4 per key
+	args []any    // the script's ARGV: the one-key form's 2 or 3, or 4 per key
 	res  []Result // one per key, filled in by the call
 	err  error
 

@@ -81,6 +81,11 @@ func TestMemoryAndRedisAgree(t *testing.T) {
 		{Rate: 2_000_000, Period: time.Second, Burst: 9},
 		{Rate: 1_000_000, Period: 24 * time.Hour, Burst: 1_000_000},
 		{Rate: 1, Period: 24 * time.Hour, Burst: 3},
+		// Fractions in the same unit (1/2 µs) and in others.
+		{Rate: 2, Period: 3 * time.Microsecond, Burst: 9},
+		{Rate: 4, Period: 6 * time.Microsecond, Burst: 9},
+		{Rate: 4, Period: 5 * time.Microsecond, Burst: 9},
+		{Rate: 10_000_000, Period: time.Second, Burst: 100},
 	}
 	for i := range 3000 {
 		lim := limits[rng.IntN(len(limits))]
@@ -100,6 +105,33 @@ func TestMemoryAndRedisAgree(t *testing.T) {
 		case 1:
 			tw.advance(time.Duration(rng.IntN(2000)) * time.Millisecond)
 		}
+	}
+}
+
+// One key decided under two limits: a fraction of a microsecond carries
+// over exactly when both limits count it in the same unit (rate/period in
+// lowest terms), and is rounded up otherwise — the same on both stores.
+func TestMemoryAndRedisAgreeAcrossLimits(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		first  store.Limit
+		second store.Limit
+	}{
+		{"same unit, other rate", store.Limit{Rate: 2, Period: 3 * time.Microsecond, Burst: 9}, store.Limit{Rate: 4, Period: 6 * time.Microsecond, Burst: 9}},
+		{"same rate, other unit", store.Limit{Rate: 4, Period: 6 * time.Microsecond, Burst: 9}, store.Limit{Rate: 4, Period: 5 * time.Microsecond, Burst: 9}},
+		{"fraction, then whole", store.Limit{Rate: 3, Period: time.Second, Burst: 5}, store.PerSecond(5)},
+		{"whole, then fraction", store.PerSecond(5), store.Limit{Rate: 3, Period: time.Second, Burst: 5}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tw := newTwin(t)
+			key := "k"
+			for i := range 3 {
+				tw.take(t, key, c.first, 1)
+				tw.take(t, key, c.second, 1)
+				tw.take(t, key, c.second, 0)
+				tw.advance(time.Duration(i+1) * time.Microsecond)
+			}
+		})
 	}
 }
 

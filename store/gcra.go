@@ -8,11 +8,14 @@ import (
 // The arithmetic here is the Go twin of lua/tokenbucket.lua; the two must
 // give identical answers (the conformance suite checks it). Time is in
 // microseconds. A span (u, f) is u + f/rate microseconds with 0 <= f < rate,
-// which keeps a period that rate does not divide exact.
+// which keeps a period that rate does not divide exact; rate/period is in
+// lowest terms, so that a fraction counts in the coarsest exact unit, the
+// one the script's state names (1 when the rate divides the period).
 
 // params is a validated Limit in the units of the arithmetic.
 type params struct {
-	rate, period, burst int64 // period in microseconds
+	rate, period, burst int64 // rate per period microseconds, in lowest terms
+	g                   int64 // the Limit's Rate is rate*g, its Period period*g µs
 	tq, tr              int64 // emission interval period/rate = tq + tr/rate
 }
 
@@ -27,7 +30,7 @@ func (l Limit) params() (params, error) {
 	case l.Period%time.Microsecond != 0:
 		return params{}, l.invalid("Period must be a whole number of microseconds, got %s", l.Period)
 	}
-	p := params{rate: int64(l.Rate), period: l.Period.Microseconds(), burst: int64(l.Burst)}
+	p := params{rate: int64(l.Rate), period: l.Period.Microseconds(), burst: int64(l.Burst), g: 1}
 	p.tq, p.tr = p.period/p.rate, p.period%p.rate
 	// Multiplications, not divisions, on the hot path: both factors are
 	// positive, so a product fits in 64 bits when its high word is 0.
@@ -37,7 +40,20 @@ func (l Limit) params() (params, error) {
 	if hi, lo := bits.Mul64(uint64(p.tq+1), uint64(p.burst)); hi != 0 || lo > maxProduct {
 		return params{}, l.invalid("the time to refill Burst tokens must not exceed 2^50µs")
 	}
+	// In lowest terms, as the script does: above 2^53 its arithmetic on the
+	// period is not exact, and it leaves such a period as it is.
+	if p.period <= 1<<53 {
+		p.g = gcd(p.rate, p.period)
+		p.rate, p.period, p.tr = p.rate/p.g, p.period/p.g, p.tr/p.g
+	}
 	return p, nil
+}
+
+func gcd(a, b int64) int64 {
+	for b > 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 type span struct{ u, f int64 }
@@ -143,8 +159,8 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 // (lua/tokenbucket.lua): a debt (how far a bucket is from full) counts in
 // 1/q microsecond, one token is t of them, and the bucket holds cap = Burst*t.
 // q/t is rate/period in lowest terms (q = 1 when the rate divides the
-// period): the coarsest unit that keeps T exact, so the numbers Redis
-// parses and formats are as short as they can be.
+// period), as in params: the coarsest unit that keeps T exact, so the
+// numbers Redis parses and formats are as short as they can be.
 type units struct {
 	t, q, cap int64
 }
@@ -156,22 +172,10 @@ func (p *params) units() (u units, ok bool) {
 	if p.tr == 0 {
 		return units{t: p.tq, q: 1, cap: p.burst * p.tq}, true // burst*(tq+1) <= 2^50
 	}
-	g := int64(1)
-	if p.period <= 1<<53 { // as the script: above, its arithmetic is not exact
-		g = gcd(p.rate, p.period)
-	}
-	q, t := p.rate/g, p.period/g
-	if hi, lo := bits.Mul64(uint64(p.burst), uint64(t)); hi != 0 || lo > maxProduct {
+	if hi, lo := bits.Mul64(uint64(p.burst), uint64(p.period)); hi != 0 || lo > maxProduct {
 		return units{}, false
 	}
-	return units{t: t, q: q, cap: p.burst * t}, true
-}
-
-func gcd(a, b int64) int64 {
-	for b > 0 {
-		a, b = b, a%b
-	}
-	return a
+	return units{t: p.period, q: p.rate, cap: p.burst * p.period}, true
 }
 
 // result reads the one-key form's reply r to a decision that added k to the

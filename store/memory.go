@@ -188,7 +188,7 @@ func (c *cell) reset(limit Limit) error {
 
 // matches reports whether p holds the parameters of l (then l is valid).
 func (p *params) matches(l Limit) bool {
-	return p.rate == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*int64(time.Microsecond) == int64(l.Period)
+	return p.rate*p.g == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*p.g*int64(time.Microsecond) == int64(l.Period)
 }
 
 // full reports whether bucket b holds all its tokens at instant now.

@@ -304,8 +304,7 @@ func (h *argCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // The store decides one key with the script's one-key form when the limit
 // fits it; the general form, given the same decisions on the same clock,
 // answers the same and leaves the same state and TTL — so the two can share
-// a key (a Take and a TakeAll of several keys, or two versions of the
-// store during a rolling deploy).
+// a key (a Take, and a TakeAll of several keys).
 func TestRedisScriptFormsAgree(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -358,6 +357,30 @@ func TestRedisScriptFormsAgree(t *testing.T) {
 				if va != vb || mr.TTL("tollgate:a") != mr.TTL("tollgate:b") {
 					t.Fatalf("op %d: cost %d: state %q TTL %v, general form's %q TTL %v", i, cost,
 						va, mr.TTL("tollgate:a"), vb, mr.TTL("tollgate:b"))
+				}
+			}
+		})
+	}
+}
+
+// The one-key form reads back what it wrote whatever decimal text its Q came
+// as: a client in another language may send "3.0" or "03".
+func TestRedisScriptQAsText(t *testing.T) {
+	for _, q := range []string{"3", "3.0", "03", " 3"} {
+		t.Run(q, func(t *testing.T) {
+			_, client, _ := newMiniredis(t)
+			ctx := context.Background()
+			// 3 tokens per 5 µs, burst 3: t = 5 units of 1/3 µs, cap = 15.
+			for i, want := range []int64{5, 10, 15, -16} {
+				got, err := client.EvalSha(ctx, lua.TokenBucketSHA1, []string{"k"}, 15, 5, q).Int64()
+				if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+					got, err = client.Eval(ctx, lua.TokenBucket, []string{"k"}, 15, 5, q).Int64()
+				}
+				if err != nil || got != want {
+					t.Fatalf("call %d = %d, %v; want %d (state %q)", i, got, err, want, client.Get(ctx, "k").Val())
+				}
+				if v := client.Get(ctx, "k").Val(); i == 0 && !strings.HasSuffix(v, "+2/3") {
+					t.Errorf("state %q after 5/3 µs of debt; want the fraction as +2/3", v)
 				}
 			}
 		})
