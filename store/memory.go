@@ -50,6 +50,7 @@ type Memory struct {
 	startUs  int64
 	startNs  int64 // nanotime() at start
 	evicted  atomic.Int64
+	last     atomic.Pointer[limitParams] // the Limit a bucket was last made for
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -177,13 +178,33 @@ type cell struct {
 
 // reset makes c.p the parameters of limit, which c.p does not match, or
 // returns why limit is invalid. The caller holds c.mu.
-func (c *cell) reset(limit Limit) error {
-	p, err := limit.params()
+func (m *Memory) reset(c *cell, limit Limit) error {
+	p, err := m.params(limit)
 	if err != nil {
 		return err
 	}
 	c.p = p
 	return nil
+}
+
+// limitParams is a valid Limit and its params.
+type limitParams struct {
+	l Limit
+	p params
+}
+
+// params returns limit's params, kept from the last new bucket when the
+// Limit is the same: a store filling with keys under one limit computes
+// them (a gcd and divisions) once.
+func (m *Memory) params(limit Limit) (params, error) {
+	if lp := m.last.Load(); lp != nil && lp.l == limit {
+		return lp.p, nil
+	}
+	p, err := limit.params()
+	if err == nil {
+		m.last.Store(&limitParams{limit, p})
+	}
+	return p, err
 }
 
 // matches reports whether p holds the parameters of l (then l is valid).
@@ -308,7 +329,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 		c.mu.Lock()
 		if c.b.rate != 0 {
 			if !c.p.matches(limit) {
-				if err := c.reset(limit); err != nil {
+				if err := m.reset(c, limit); err != nil {
 					c.mu.Unlock()
 					*res = Result{}
 					return err
@@ -344,7 +365,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	defer sh.mu.Unlock()
 	c := sh.lookup(h, key)
 	if c == nil {
-		p, err := limit.params()
+		p, err := m.params(limit)
 		if err != nil {
 			return err
 		}
@@ -357,7 +378,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.p.matches(limit) {
-		if err := c.reset(limit); err != nil {
+		if err := m.reset(c, limit); err != nil {
 			return err
 		}
 	}
