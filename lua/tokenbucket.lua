@@ -75,8 +75,9 @@ local LIMIT = 1125899906842624 -- 2^50
 local n, na = #KEYS, #ARGV
 
 -- The one-key form. Every step costs Redis time that no app server can
--- take over (a number parsed or formatted costs more than the arithmetic),
--- so it parses three numbers and formats one.
+-- take over, and a number parsed or formatted costs more than the
+-- arithmetic: it parses what it is given, TIME and the state, and formats
+-- the new state, nothing else.
 if n == 1 and (na == 2 or na == 3) then
   local cap, k, q, Q = ARGV[1] + 0, ARGV[2] + 0, ARGV[3], 1
   if q then
