@@ -72,6 +72,12 @@ func newCall(ctx context.Context, key string) *call {
 	return c
 }
 
+// setOneKey makes c a call of the script's one-key form for a limit in
+// units u and a decision of cost tokens; the caller sets its arguments.
+func (c *call) setOneKey(u units, cost int64) {
+	c.oneKey, c.u, c.k = true, u, cost*u.t
+}
+
 // release returns c to the pool. Only the caller does, and only when no
 // worker still holds c.
 func (c *call) release() {

@@ -110,39 +110,38 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 // its own by the client's timeouts. Set ContextTimeoutEnabled: true on the
 // client to save that hand-over.
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
-	p, err := limit.params()
+	b, err := r.boxedArgs(limit)
 	if err != nil {
 		return Result{}, err
 	}
 	if cost < 0 || cost > limit.Burst {
 		return Result{}, costError(key, limit, cost)
 	}
-	return r.one(ctx, key, &p, limit, cost)
+	return r.one(ctx, key, b, limit, cost)
 }
 
 // Refund implements [Refunder] with the same script and a negative cost.
 func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error) {
-	p, err := limit.params()
+	b, err := r.boxedArgs(limit)
 	if err != nil {
 		return Result{}, err
 	}
 	if tokens < 0 || tokens > limit.Burst {
 		return Result{}, refundError(key, limit, tokens)
 	}
-	return r.one(ctx, key, &p, limit, -tokens)
+	return r.one(ctx, key, b, limit, -tokens)
 }
 
 // one runs the script for one key.
-func (r *Redis) one(ctx context.Context, key string, p *params, limit Limit, cost int) (Result, error) {
+func (r *Redis) one(ctx context.Context, key string, b *boxed, limit Limit, cost int) (Result, error) {
 	if r.client == nil {
 		return Result{}, fmt.Errorf("store: take %q: %w", key, errNilClient)
 	}
 	c := newCall(ctx, key)
 	c.keys1[0] = r.Key(key)
 	c.keys, c.res = c.keys1[:], c.res1[:]
-	b := r.boxedParams(p)
 	if b.oneKey {
-		c.oneKey, c.u, c.k = true, b.u, int64(cost)*b.u.t
+		c.setOneKey(b.u, int64(cost))
 		k := b.v[1] // cost 1
 		if cost != 1 {
 			k = c.k // boxing allocates unless it is below 256
@@ -271,7 +270,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 			c.keys = []string{r.Key(reqs[i].Key)}
 			c.args = oneKeyArgs(u, cost)
 			c.res = make([]Result, 1)
-			c.oneKey, c.u, c.k = true, u, cost*u.t
+			c.setOneKey(u, cost)
 			return r.finish(ctx, c, reqs, g, out)
 		}
 	}
@@ -366,27 +365,32 @@ func (r *Redis) run(ctx context.Context, c *call) error {
 	return nil
 }
 
-// boxedParams returns the script's arguments for p as interface values,
-// kept from the previous call when the limit is the same: boxing integers
-// above 255 allocates.
-func (r *Redis) boxedParams(p *params) *boxed {
-	if b := r.boxed.Load(); b != nil && b.p == *p {
-		return b
+// boxedArgs returns the script's arguments for limit as interface values,
+// or why limit is invalid. They are kept from the previous call when the
+// Limit is the same: a Take then neither validates it again nor boxes
+// integers (boxing one above 255 allocates).
+func (r *Redis) boxedArgs(limit Limit) (*boxed, error) {
+	if b := r.boxed.Load(); b != nil && b.l == limit {
+		return b, nil
 	}
-	b := &boxed{p: *p, v: [3]any{p.rate, p.period, p.burst}}
+	p, err := limit.params()
+	if err != nil {
+		return nil, err
+	}
+	b := &boxed{l: limit, v: [3]any{p.rate, p.period, p.burst}}
 	if u, ok := p.units(); ok {
 		b.oneKey, b.u, b.v = true, u, [3]any{}
 		b.n = copy(b.v[:], oneKeyArgs(u, 1))
 	}
 	r.boxed.Store(b)
-	return b
+	return b, nil
 }
 
-// boxed holds the arguments of a limit: of the one-key form (cap, k for
-// cost 1, and q unless it is 1: n of them) when oneKey, else the general
+// boxed holds the arguments of a valid Limit: of the one-key form (cap, k
+// for cost 1, and q unless it is 1: n of them) when oneKey, else the general
 // form's rate, period and burst.
 type boxed struct {
-	p      params
+	l      Limit
 	oneKey bool
 	u      units
 	n      int
