@@ -84,8 +84,12 @@ func (r *report) ceiling(ctx context.Context) error {
 		if run.random {
 			args = append(args, "-r", "100000")
 		}
+		argv, err := scriptArgs(ctx, r.redis.Addr, run.limit)
+		if err != nil {
+			return err
+		}
 		args = append(args, "--csv", "EVALSHA", sha, "1", key)
-		args = append(args, scriptArgs(run.limit, 1)...)
+		args = append(args, argv...)
 		row := ceilRow{run: run, cmdline: "redis-benchmark " + strings.Join(args, " ")}
 		before, err := r.stats(ctx)
 		if err != nil {
@@ -116,33 +120,47 @@ func (r *report) ceiling(ctx context.Context) error {
 	return nil
 }
 
-// scriptArgs returns the arguments that store.Redis gives the script for a
-// decision of cost tokens under l (the protocol of package lua): the
-// one-key form, capacity and cost in units of 1/Q microsecond (rate/period
-// in lowest terms is Q/t), when the capacity fits in 2^50 units, else the
-// general form.
-func scriptArgs(l store.Limit, cost int64) []string {
-	rate, period, burst := int64(l.Rate), l.Period.Microseconds(), int64(l.Burst)
-	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
-	if period%rate == 0 {
-		t := period / rate
-		return []string{itoa(burst * t), itoa(cost * t)}
+// scriptArgs returns the ARGV that store.Redis gives the script for a Take
+// of cost 1 under l, as it sends them: a go-redis hook records one Take on a
+// scratch key (deleted afterwards), so that the ceiling runs exactly the
+// store's call, whatever form and units it chooses.
+func scriptArgs(ctx context.Context, addr string, l store.Limit) ([]string, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	var argv []string
+	c.AddHook(argsHook(func(cmd redis.Cmder) {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			argv = argv[:0]
+			for _, a := range cmd.Args()[4:] { // EVALSHA sha 1 key ARGV...
+				argv = append(argv, fmt.Sprint(a))
+			}
+		}
+	}))
+	s := store.NewRedis(c, store.WithKeyPrefix("ceiling-args:"), store.WithBatching(0))
+	if _, err := s.Take(ctx, "scratch", l, 1); err != nil {
+		return nil, fmt.Errorf("ceiling: a Take to learn the script's arguments: %w", err)
 	}
-	g := int64(1)
-	if period <= 1<<53 {
-		g = gcd(rate, period)
+	if err := c.Del(ctx, s.Key("scratch")).Err(); err != nil {
+		return nil, err
 	}
-	if q, t := rate/g, period/g; burst <= 1<<50/t {
-		return []string{itoa(burst * t), itoa(cost * t), itoa(q)}
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("ceiling: the store's Take sent no script call")
 	}
-	return []string{itoa(rate), itoa(period), itoa(burst), itoa(cost)}
+	return argv, nil
 }
 
-func gcd(a, b int64) int64 {
-	for b > 0 {
-		a, b = b, a%b
+// argsHook calls f with every command a client sends on its own.
+type argsHook func(redis.Cmder)
+
+func (h argsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h(cmd)
+		return next(ctx, cmd)
 	}
-	return a
+}
+func (h argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // parseBenchmarkCSV reads redis-benchmark --csv: a header line, then
