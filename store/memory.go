@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -14,7 +15,7 @@ import (
 )
 
 // DefaultMaxKeys is the number of live buckets a [Memory] store holds at
-// most unless [WithMaxKeys] says otherwise. A bucket costs about 130 bytes
+// most unless [WithMaxKeys] says otherwise. A bucket costs about 160 bytes
 // plus its key.
 const DefaultMaxKeys = 1_000_000
 
@@ -30,8 +31,9 @@ const maxShards = 64
 // servers, tests, and degraded mode when Redis is unreachable.
 //
 // Buckets live in shards. A decision on a known key finds its bucket
-// without a lock and holds only that bucket's lock, so decisions on
-// different keys never contend, and one hot key contends only with itself.
+// and updates it without a lock (one compare-and-swap of its state), so
+// decisions on different keys never contend, and goroutines deciding on one
+// hot key never wait on a mutex.
 // The store is bounded: buckets that are full again are dropped
 // (incrementally, by a background sweeper, when read full, and whenever a
 // shard is at capacity), and no more than MaxKeys buckets live at once. When a flood of
@@ -49,6 +51,7 @@ type Memory struct {
 	start    time.Time
 	startUs  int64
 	startNs  int64 // nanotime() at start
+	epoch    int64 // µs: cells count their st from here
 	evicted  atomic.Int64
 	last     atomic.Pointer[limitParams] // the Limit a bucket was last made for
 
@@ -148,7 +151,7 @@ func (sh *memShard) add(c *cell) {
 }
 
 // remove takes c, a bucket of the shard, out of it and marks it dropped.
-// The caller holds sh.mu and c.mu.
+// The caller holds sh.mu and c.mu, and claimed c, which stays locked.
 func (sh *memShard) remove(c *cell) {
 	c.b.rate = 0
 	t := sh.table.Load()
@@ -164,27 +167,95 @@ func (sh *memShard) remove(c *cell) {
 	}
 }
 
-// A cell is one live bucket: its state under its own lock, so decisions on
-// different keys never wait for each other, and the parameters of the last
-// Limit it was decided with, which saves validating and dividing on nearly
-// every call.
+// A cell is one live bucket, made for one Limit, whose parameters it keeps
+// (a decision under another Limit replaces the cell).
+//
+// Its state lives in one of two places. Usually it is st, one word that a
+// decision under the cell's Limit reads and swaps without a lock (see
+// decideFast), so that goroutines deciding on one hot key never park on a
+// mutex. While st is locked, the state is b, under mu: for a moment, while
+// a caller holding mu reads or writes it (see claim and release), or for as
+// long as it does not fit in a word (a limit whose units are too fine, or
+// an instant before the store's epoch).
 type cell struct {
+	st  atomic.Uint64 // locked, 0 for a full bucket, or 1 + the TAT in units of 1/u.q µs after the store's epoch
 	mu  sync.Mutex
-	b   bucket // b.rate == 0: dropped from the store; look the key up again
-	p   params
+	b   bucket // the state while st is locked; b.rate == 0: dropped from the store
+	p   params // of the Limit the cell is made for; never changes
+	u   units  // p in units; u.t == 0 when the state never fits in st
 	key string // a copy of the caller's
 	h   uint64 // the key's hash
 }
 
-// reset makes c.p the parameters of limit, which c.p does not match, or
-// returns why limit is invalid. The caller holds c.mu.
-func (m *Memory) reset(c *cell, limit Limit) error {
-	p, err := m.params(limit)
-	if err != nil {
-		return err
+// locked is the st of a cell whose state is in b. Every other st is below
+// 2^62.
+const locked = 1 << 63
+
+// maxUnits bounds the instants, in units after the epoch, that st holds:
+// an instant plus a bucket's capacity (at most 2^50) stays below 2^62.
+const maxUnits = 1 << 61
+
+// newCell returns a cell for a key whose hash is h, made for the Limit of
+// p, in state b.
+func (m *Memory) newCell(h uint64, p params, b bucket) *cell {
+	c := &cell{b: b, p: p, h: h}
+	if u, ok := p.units(); ok {
+		c.u = u
 	}
-	c.p = p
-	return nil
+	c.st.Store(locked)
+	m.release(c)
+	return c
+}
+
+// claim moves c's state into c.b, where decisions without a lock cannot
+// change it, until release. The caller holds c.mu.
+func (m *Memory) claim(c *cell) {
+	for {
+		s := c.st.Load()
+		if s == locked {
+			return
+		}
+		if c.st.CompareAndSwap(s, locked) {
+			c.b = m.unpack(c, s)
+			return
+		}
+	}
+}
+
+// release hands c's state back to decisions without a lock, if it fits in
+// st. The caller holds c.mu and claimed c. A dropped cell stays locked.
+func (m *Memory) release(c *cell) {
+	if s, ok := m.pack(c, c.b); ok {
+		c.st.Store(s)
+	}
+}
+
+// pack returns b as c's st; ok is false when it does not fit.
+func (m *Memory) pack(c *cell, b bucket) (s uint64, ok bool) {
+	switch {
+	case c.u.t == 0 || b.rate == 0:
+		return 0, false
+	case b.tat == span{}:
+		return 0, true
+	case b.tat.f != 0 && b.rate != c.u.q:
+		return 0, false // a fraction of another rate: wait for the next write
+	case b.tat.u < m.epoch:
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(b.tat.u-m.epoch), uint64(c.u.q))
+	if hi != 0 || lo > maxUnits {
+		return 0, false
+	}
+	return lo + uint64(b.tat.f) + 1, true
+}
+
+// unpack returns the state that st s of c holds.
+func (m *Memory) unpack(c *cell, s uint64) bucket {
+	if s == 0 {
+		return bucket{rate: c.u.q}
+	}
+	x, q := s-1, uint64(c.u.q)
+	return bucket{tat: span{m.epoch + int64(x/q), int64(x % q)}, rate: c.u.q}
 }
 
 // limitParams is a valid Limit and its params.
@@ -274,6 +345,10 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	}
 	m.startUs = m.start.UnixMicro()
 	m.startNs = nanotime()
+	m.epoch = m.startUs
+	if m.clock != nil {
+		m.epoch = m.clock().UnixMicro()
+	}
 	for i := range m.shards {
 		m.shards[i].table.Store(newTable(minTable))
 	}
@@ -316,7 +391,7 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 
 // decide takes cost tokens from key's bucket (gives -cost back when cost is
 // negative) and fills in res. The common case, a known key decided with the
-// Limit it last saw, takes one lock: the bucket's.
+// Limit its bucket was made for, takes no lock at all (decideFast).
 func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if len(key) > maxKeyLen {
 		key = hashKey(key)
@@ -325,69 +400,150 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	h := maphash.String(m.seed, key)
 	sh := m.shardOf(h)
 	res.Limit = limit
-	if c := sh.table.Load().find(h, key); c != nil {
-		c.mu.Lock()
-		if c.b.rate != 0 {
-			if !c.p.matches(limit) {
-				if err := m.reset(c, limit); err != nil {
-					c.mu.Unlock()
-					*res = Result{}
-					return err
-				}
+	if c := sh.table.Load().find(h, key); c != nil && c.p.matches(limit) {
+		done, full := m.decideFast(c, now, int64(cost), res)
+		if !done {
+			c.mu.Lock()
+			m.claim(c)
+			if c.b.rate == 0 {
+				c.mu.Unlock() // dropped meanwhile: ask under the shard's lock
+				return m.decideLocked(sh, key, h, limit, now, cost, res)
 			}
 			nb, write := c.p.decide(res, c.b, true, now, int64(cost))
-			full := !write && res.ResetAfter == 0
+			full = !write && res.ResetAfter == 0
 			switch {
 			case write:
 				c.b = nb
 			case full:
 				c.b.tat = span{} // as a refund that fills the bucket leaves it
 			}
+			m.release(c)
 			c.mu.Unlock()
-			if full {
-				m.drop(sh, c, now) // full again: a missing key is a full bucket
-			}
-			return nil
 		}
-		c.mu.Unlock() // dropped meanwhile: ask under the shard's lock
+		if full {
+			m.drop(sh, c, now) // full again: a missing key is a full bucket
+		}
+		return nil
 	}
-	err := m.decideLocked(sh, key, h, limit, now, cost, res)
-	if err != nil {
-		*res = Result{}
-	}
-	return err
+	return m.decideLocked(sh, key, h, limit, now, cost, res)
 }
 
-// decideLocked is decide for a key that the lock-free lookup did not find,
-// under the shard's lock.
+// decideFast is decide on c, a cell made for the caller's Limit, without a
+// lock: it reads c's st, computes the decision in the units of the script's
+// one-key form (the same figures as params.decide), and swaps the new state
+// in, over again if another decision changed st meanwhile. done is false
+// when the state is under c.mu or does not fit in st; full reports a bucket
+// that is full at now.
+func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full bool) {
+	u := &c.u
+	if u.t == 0 || now < m.epoch {
+		return false, false
+	}
+	hi, at := bits.Mul64(uint64(now-m.epoch), uint64(u.q)) // now, in units after the epoch
+	if hi != 0 || at > maxUnits {
+		return false, false
+	}
+	k := cost * u.t
+	for {
+		s := c.st.Load()
+		if s == locked {
+			return false, false
+		}
+		var debt int64 // how far the bucket is from full
+		if s > at+1 {
+			debt = min(int64(s-1-at), u.cap) // above cap: a larger limit's state, an empty bucket
+		}
+		r := debt // the one-key form's reply
+		switch {
+		case k > 0 && debt+k <= u.cap:
+			debt += k
+			r = debt
+		case k > 0:
+			r = -1 - debt
+		case k < 0:
+			debt = max(debt+k, 0)
+			r = debt
+		}
+		ns := s
+		switch {
+		case r < 0: // denied: nothing changes
+		case debt == 0:
+			ns = 0 // full, as a refund that fills the bucket leaves it
+		case k != 0:
+			ns = at + uint64(debt) + 1
+		}
+		if ns == s || c.st.CompareAndSwap(s, ns) {
+			// As units.result reads r, without its checks and with fewer
+			// divisions: t and q are often 1.
+			res.Allowed = r >= 0
+			left := u.cap - debt
+			if u.t != 1 {
+				left /= u.t
+			}
+			res.Remaining = int(left)
+			res.ResetAfter = time.Duration(ceilDivUnit(debt, u.q)) * time.Microsecond
+			res.RetryAfter = 0
+			if r < 0 {
+				res.RetryAfter = time.Duration(ceilDivUnit(debt+k-u.cap, u.q)) * time.Microsecond
+			}
+			return true, debt == 0
+		}
+	}
+}
+
+// ceilDivUnit is ceilDiv(a, q) without a division when q is 1.
+func ceilDivUnit(a, q int64) int64 {
+	if q == 1 {
+		return a
+	}
+	return ceilDiv(a, q)
+}
+
+// decideLocked is decide under the shard's lock, for a key that the
+// lock-free lookup did not find, or whose bucket was made for another Limit
+// (the bucket is then replaced by one made for limit, in the same state).
 func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, now int64, cost int, res *Result) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	c := sh.lookup(h, key)
-	if c == nil {
-		p, err := m.params(limit)
-		if err != nil {
-			return err
+	if c != nil && c.p.matches(limit) {
+		c.mu.Lock()
+		m.claim(c)
+		nb, write := c.p.decide(res, c.b, true, now, int64(cost))
+		switch {
+		case write:
+			c.b = nb
+		case res.ResetAfter == 0:
+			sh.remove(c)
 		}
+		m.release(c)
+		c.mu.Unlock()
+		return nil
+	}
+	p, err := m.params(limit)
+	if err != nil {
+		*res = Result{}
+		return err
+	}
+	if c == nil {
 		nb, write := p.decide(res, bucket{}, false, now, int64(cost))
 		if write {
-			m.insert(sh, key, &cell{b: nb, p: p, h: h}, now)
+			m.insert(sh, key, m.newCell(h, p, nb), now)
 		}
 		return nil
 	}
+	// Made for another Limit: replace it.
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.p.matches(limit) {
-		if err := m.reset(c, limit); err != nil {
-			return err
-		}
+	m.claim(c)
+	cur := c.b
+	sh.remove(c)
+	c.mu.Unlock()
+	nb, write := p.decide(res, cur, true, now, int64(cost))
+	if !write && res.ResetAfter != 0 {
+		nb, write = cur, true // not full: keep its state
 	}
-	nb, write := c.p.decide(res, c.b, true, now, int64(cost))
-	switch {
-	case write:
-		c.b = nb
-	case res.ResetAfter == 0:
-		sh.remove(c)
+	if write {
+		m.insert(sh, key, m.newCell(h, p, nb), now)
 	}
 	return nil
 }
@@ -406,9 +562,11 @@ func (m *Memory) insert(sh *memShard, key string, c *cell, now int64) {
 func (m *Memory) drop(sh *memShard, c *cell, now int64) {
 	sh.mu.Lock()
 	c.mu.Lock()
+	m.claim(c)
 	if c.b.rate != 0 && c.b.full(now) {
 		sh.remove(c)
 	}
+	m.release(c)
 	c.mu.Unlock()
 	sh.mu.Unlock()
 }
@@ -430,16 +588,19 @@ func (m *Memory) evict(sh *memShard, now int64) {
 		}
 		seen++
 		c.mu.Lock()
+		m.claim(c)
 		if c.b.full(now) {
 			sh.remove(c)
 			freed++
 		} else if victim == nil || c.b.tat.u < victimTat {
 			victim, victimTat = c, c.b.tat.u
 		}
+		m.release(c)
 		c.mu.Unlock()
 	}
 	if freed == 0 && victim != nil {
 		victim.mu.Lock()
+		m.claim(victim)
 		sh.remove(victim)
 		victim.mu.Unlock()
 		m.evicted.Add(1)
@@ -498,9 +659,11 @@ func (m *Memory) sweep() {
 		for k := range t.slots {
 			if c := t.slots[k].Load(); c != nil && c != tombstone {
 				c.mu.Lock()
+				m.claim(c)
 				if c.b.rate != 0 && c.b.full(m.nowUs()) {
 					sh.remove(c)
 				}
+				m.release(c)
 				c.mu.Unlock()
 			}
 			if k%batch == batch-1 {
@@ -574,6 +737,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	for i := range reqs {
 		if c := m.shardOf(hs[i]).lookup(hs[i], keys[i]); c != nil {
 			c.mu.Lock()
+			m.claim(c)
 			cells[i] = c
 		}
 	}
@@ -614,13 +778,14 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		case all && out[i].ResetAfter == 0:
 			m.shardOf(hs[i]).remove(c)
 		}
+		m.release(c)
 		c.mu.Unlock()
 	}
 	if all {
 		// New buckets last, once no cell is held: making room may lock some.
 		for i, c := range cells {
 			if c == nil && writes[i] {
-				m.insert(m.shardOf(hs[i]), keys[i], &cell{b: next[i], p: ps[i], h: hs[i]}, now)
+				m.insert(m.shardOf(hs[i]), keys[i], m.newCell(hs[i], ps[i], next[i]), now)
 			}
 		}
 	}

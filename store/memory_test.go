@@ -268,3 +268,75 @@ func TestMemoryChurn(t *testing.T) {
 		t.Errorf("steady key: %d allowed, bucket says %d taken", got, want)
 	}
 }
+
+// TestMemoryExactAcrossPaths decides on one key from many goroutines on a
+// frozen clock, through every way a decision reaches a bucket: Take without
+// a lock, TakeAll (which holds the bucket's lock), peeks under another Limit
+// (which replace the bucket), and buckets whose state never leaves the lock
+// (a clock before the store's start, a limit too fine for one word). Exactly
+// Burst/cost decisions must be allowed.
+func TestMemoryExactAcrossPaths(t *testing.T) {
+	fine := store.Limit{Rate: 7, Period: time.Second, Burst: 20000} // T = 10⁶/7 µs: fractions
+	for _, tc := range []struct {
+		name  string
+		lim   store.Limit
+		cost  int
+		clock time.Duration // from the store's start
+	}{
+		{"lock-free", fine, 1, 0},
+		{"clock before the start", fine, 1, -time.Hour},
+		{"state too fine for a word", store.Limit{Rate: 3, Period: 1_000_001 * time.Microsecond, Burst: 2_000_000_000}, 100_000, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{now: epoch}
+			m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(time.Millisecond))
+			defer m.Close()
+			clock.Advance(tc.clock)
+			ctx := context.Background()
+			other := store.Limit{Rate: 11, Period: time.Second, Burst: 3 * tc.lim.Burst}
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			for w := range 12 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 3000 {
+						var ok bool
+						var err error
+						switch {
+						case w%4 == 1:
+							var rs []store.Result
+							rs, err = m.TakeAll(ctx, []store.Request{
+								{Key: "shared", Limit: tc.lim, Cost: tc.cost},
+								{Key: "own:" + strconv.Itoa(w), Limit: tc.lim, Cost: 0},
+							})
+							ok = err == nil && rs[0].Allowed
+						case w%4 == 2 && i%3 == 0:
+							_, err = m.Take(ctx, "shared", other, 0) // a peek under another Limit
+						default:
+							var r store.Result
+							r, err = m.Take(ctx, "shared", tc.lim, tc.cost)
+							ok = r.Allowed
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if ok {
+							allowed.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			want := int64(tc.lim.Burst / tc.cost)
+			if got := allowed.Load(); got != want {
+				t.Errorf("%d allowed, want exactly %d", got, want)
+			}
+			r, err := m.Take(ctx, "shared", tc.lim, 0)
+			if err != nil || r.Remaining != 0 || r.Allowed != true {
+				t.Errorf("peek after the run = %+v, %v; want 0 remaining", r, err)
+			}
+		})
+	}
+}
