@@ -31,9 +31,13 @@ const maxShards = 64
 // servers, tests, and degraded mode when Redis is unreachable.
 //
 // Buckets live in shards. A decision on a known key finds its bucket
-// and updates it without a lock (one compare-and-swap of its state), so
-// decisions on different keys never contend, and goroutines deciding on one
-// hot key never wait on a mutex.
+// without a lock and, in the common case, updates it without one too (a
+// compare-and-swap of its state), so decisions on different keys never
+// contend, and goroutines deciding on one hot key do not wait on a mutex.
+// The exceptions take the bucket's lock: limits whose capacity is above
+// 2^50 units of the script's one-key form, TakeAll, and a bucket being
+// dropped. A bucket is made for one Limit: a decision on its key under
+// another Limit replaces it (in the same state), under the shard's lock.
 // The store is bounded: buckets that are full again are dropped
 // (incrementally, by a background sweeper, when read full, and whenever a
 // shard is at capacity), and no more than MaxKeys buckets live at once. When a flood of
@@ -51,7 +55,6 @@ type Memory struct {
 	start    time.Time
 	startUs  int64
 	startNs  int64 // nanotime() at start
-	epoch    int64 // µs: cells count their st from here
 	evicted  atomic.Int64
 	last     atomic.Pointer[limitParams] // the Limit a bucket was last made for
 
@@ -172,19 +175,22 @@ func (sh *memShard) remove(c *cell) {
 //
 // Its state lives in one of two places. Usually it is st, one word that a
 // decision under the cell's Limit reads and swaps without a lock (see
-// decideFast), so that goroutines deciding on one hot key never park on a
+// decideFast), so that goroutines deciding on one hot key do not park on a
 // mutex. While st is locked, the state is b, under mu: for a moment, while
 // a caller holding mu reads or writes it (see claim and release), or for as
-// long as it does not fit in a word (a limit whose units are too fine, or
-// an instant before the store's epoch).
+// long as it does not fit in a word: a limit whose capacity is above 2^50
+// units, an instant before the cell's epoch or more than 2^61 units after
+// it, or a fraction counted in another rate (written by TakeAll under
+// another Limit).
 type cell struct {
-	st  atomic.Uint64 // locked, 0 for a full bucket, or 1 + the TAT in units of 1/u.q µs after the store's epoch
-	mu  sync.Mutex
-	b   bucket // the state while st is locked; b.rate == 0: dropped from the store
-	p   params // of the Limit the cell is made for; never changes
-	u   units  // p in units; u.t == 0 when the state never fits in st
-	key string // a copy of the caller's
-	h   uint64 // the key's hash
+	st    atomic.Uint64 // locked, 0 for a full bucket, or 1 + the TAT in units of 1/u.q µs after epoch
+	mu    sync.Mutex
+	b     bucket // the state while st is locked; b.rate == 0: dropped from the store
+	p     params // of the Limit the cell is made for; never changes
+	u     units  // p in units; u.t == 0 when the state never fits in st
+	epoch int64  // µs: the instant the cell was made at
+	key   string // a copy of the caller's
+	h     uint64 // the key's hash
 }
 
 // locked is the st of a cell whose state is in b. Every other st is below
@@ -195,10 +201,10 @@ const locked = 1 << 63
 // an instant plus a bucket's capacity (at most 2^50) stays below 2^62.
 const maxUnits = 1 << 61
 
-// newCell returns a cell for a key whose hash is h, made for the Limit of
-// p, in state b.
-func (m *Memory) newCell(h uint64, p params, b bucket) *cell {
-	c := &cell{b: b, p: p, h: h}
+// newCell returns a cell for a key whose hash is h, made at instant now
+// for the Limit of p, in state b.
+func (m *Memory) newCell(h uint64, p params, b bucket, now int64) *cell {
+	c := &cell{b: b, p: p, h: h, epoch: now}
 	if u, ok := p.units(); ok {
 		c.u = u
 	}
@@ -235,14 +241,14 @@ func (m *Memory) pack(c *cell, b bucket) (s uint64, ok bool) {
 	switch {
 	case c.u.t == 0 || b.rate == 0:
 		return 0, false
-	case b.tat == span{}:
+	case !b.has():
 		return 0, true
 	case b.tat.f != 0 && b.rate != c.u.q:
 		return 0, false // a fraction of another rate: wait for the next write
-	case b.tat.u < m.epoch:
+	case b.tat.u < c.epoch:
 		return 0, false
 	}
-	hi, lo := bits.Mul64(uint64(b.tat.u-m.epoch), uint64(c.u.q))
+	hi, lo := bits.Mul64(uint64(b.tat.u-c.epoch), uint64(c.u.q))
 	if hi != 0 || lo > maxUnits {
 		return 0, false
 	}
@@ -255,7 +261,7 @@ func (m *Memory) unpack(c *cell, s uint64) bucket {
 		return bucket{rate: c.u.q}
 	}
 	x, q := s-1, uint64(c.u.q)
-	return bucket{tat: span{m.epoch + int64(x/q), int64(x % q)}, rate: c.u.q}
+	return bucket{tat: span{c.epoch + int64(x/q), int64(x % q)}, rate: c.u.q}
 }
 
 // limitParams is a valid Limit and its params.
@@ -283,9 +289,13 @@ func (p *params) matches(l Limit) bool {
 	return p.rate*p.g == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*p.g*int64(time.Microsecond) == int64(l.Period)
 }
 
+// has reports whether b is a state: a zero TAT stands for a full bucket,
+// which a missing key also is.
+func (b *bucket) has() bool { return b.tat != span{} }
+
 // full reports whether bucket b holds all its tokens at instant now.
 func (b *bucket) full(now int64) bool {
-	return b.tat.u < now || (b.tat.u == now && b.tat.f == 0)
+	return !b.has() || b.tat.u < now || (b.tat.u == now && b.tat.f == 0)
 }
 
 // MemoryOption configures a [Memory] store.
@@ -345,10 +355,6 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	}
 	m.startUs = m.start.UnixMicro()
 	m.startNs = nanotime()
-	m.epoch = m.startUs
-	if m.clock != nil {
-		m.epoch = m.clock().UnixMicro()
-	}
 	for i := range m.shards {
 		m.shards[i].table.Store(newTable(minTable))
 	}
@@ -409,7 +415,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 				c.mu.Unlock() // dropped meanwhile: ask under the shard's lock
 				return m.decideLocked(sh, key, h, limit, now, cost, res)
 			}
-			nb, write := c.p.decide(res, c.b, true, now, int64(cost))
+			nb, write := c.p.decide(res, c.b, c.b.has(), now, int64(cost))
 			full = !write && res.ResetAfter == 0
 			switch {
 			case write:
@@ -436,10 +442,10 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 // that is full at now.
 func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full bool) {
 	u := &c.u
-	if u.t == 0 || now < m.epoch {
+	if u.t == 0 || now < c.epoch {
 		return false, false
 	}
-	hi, at := bits.Mul64(uint64(now-m.epoch), uint64(u.q)) // now, in units after the epoch
+	hi, at := bits.Mul64(uint64(now-c.epoch), uint64(u.q)) // now, in units after the epoch
 	if hi != 0 || at > maxUnits {
 		return false, false
 	}
@@ -509,7 +515,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	if c != nil && c.p.matches(limit) {
 		c.mu.Lock()
 		m.claim(c)
-		nb, write := c.p.decide(res, c.b, true, now, int64(cost))
+		nb, write := c.p.decide(res, c.b, c.b.has(), now, int64(cost))
 		switch {
 		case write:
 			c.b = nb
@@ -528,7 +534,7 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	if c == nil {
 		nb, write := p.decide(res, bucket{}, false, now, int64(cost))
 		if write {
-			m.insert(sh, key, m.newCell(h, p, nb), now)
+			m.insert(sh, key, m.newCell(h, p, nb, now), now)
 		}
 		return nil
 	}
@@ -538,12 +544,12 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	cur := c.b
 	sh.remove(c)
 	c.mu.Unlock()
-	nb, write := p.decide(res, cur, true, now, int64(cost))
+	nb, write := p.decide(res, cur, cur.has(), now, int64(cost))
 	if !write && res.ResetAfter != 0 {
 		nb, write = cur, true // not full: keep its state
 	}
 	if write {
-		m.insert(sh, key, m.newCell(h, p, nb), now)
+		m.insert(sh, key, m.newCell(h, p, nb, now), now)
 	}
 	return nil
 }
@@ -752,7 +758,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			cur = cells[i].b
 		}
 		out[i].Limit = q.Limit
-		next[i], writes[i] = ps[i].decide(&out[i], cur, cells[i] != nil, now, int64(q.Cost))
+		next[i], writes[i] = ps[i].decide(&out[i], cur, cur.has(), now, int64(q.Cost))
 		all = all && out[i].Allowed
 	}
 	if !all {
@@ -764,7 +770,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			}
 			retry := out[i].RetryAfter
 			out[i] = Result{Limit: q.Limit}
-			ps[i].decide(&out[i], cur, cells[i] != nil, now, 0)
+			ps[i].decide(&out[i], cur, cur.has(), now, 0)
 			out[i].Allowed, out[i].RetryAfter = false, retry
 		}
 	}
@@ -785,7 +791,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		// New buckets last, once no cell is held: making room may lock some.
 		for i, c := range cells {
 			if c == nil && writes[i] {
-				m.insert(m.shardOf(hs[i]), keys[i], m.newCell(hs[i], ps[i], next[i]), now)
+				m.insert(m.shardOf(hs[i]), keys[i], m.newCell(hs[i], ps[i], next[i], now), now)
 			}
 		}
 	}

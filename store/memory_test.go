@@ -340,3 +340,35 @@ func TestMemoryExactAcrossPaths(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryClockBefore1970 decides on a clock before the Unix epoch, where
+// a full bucket's zero instant is in the future: every path must still read
+// it as full.
+func TestMemoryClockBefore1970(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(-1000, 0)}
+	m := store.NewMemory(store.WithClock(clock.Now))
+	defer m.Close()
+	ctx := context.Background()
+	lim := store.Limit{Rate: 1, Period: time.Second, Burst: 5}
+	if r, err := m.Take(ctx, "k", lim, 1); err != nil || !r.Allowed || r.Remaining != 4 {
+		t.Fatalf("Take = %+v, %v; want allowed, 4 remaining", r, err)
+	}
+	if r, err := m.Refund(ctx, "k", lim, 1); err != nil || r.Remaining != 5 {
+		t.Fatalf("Refund = %+v, %v; want 5 remaining", r, err)
+	}
+	if r, err := m.Take(ctx, "k", lim, 0); err != nil || r.Remaining != 5 || r.ResetAfter != 0 {
+		t.Errorf("peek = %+v, %v; want 5 remaining, no reset", r, err)
+	}
+	rs, err := m.TakeAll(ctx, []store.Request{{Key: "k", Limit: lim, Cost: 0}})
+	if err != nil || rs[0].Remaining != 5 || rs[0].ResetAfter != 0 {
+		t.Errorf("TakeAll peek = %+v, %v; want 5 remaining, no reset", rs, err)
+	}
+	for i := range 5 {
+		if r, err := m.Take(ctx, "k", lim, 1); err != nil || !r.Allowed || r.Remaining != 4-i {
+			t.Fatalf("take %d = %+v, %v", i, r, err)
+		}
+	}
+	if r, _ := m.Take(ctx, "k", lim, 1); r.Allowed {
+		t.Errorf("sixth take = %+v; want denied", r)
+	}
+}
