@@ -7,16 +7,15 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	_ "unsafe" // for go:linkname
+	"unsafe"
 )
 
 // DefaultMaxKeys is the number of live buckets a [Memory] store holds at
-// most unless [WithMaxKeys] says otherwise. A bucket costs about 160 bytes
-// plus its key.
+// most unless [WithMaxKeys] says otherwise. A bucket costs about 120 bytes
+// with a key of up to 16 bytes, and about 170 with one of 64.
 const DefaultMaxKeys = 1_000_000
 
 // DefaultSweepInterval is how often a [Memory] store's background sweeper
@@ -56,7 +55,8 @@ type Memory struct {
 	startUs  int64
 	startNs  int64 // nanotime() at start
 	evicted  atomic.Int64
-	last     atomic.Pointer[limitParams] // the Limit a bucket was last made for
+	lims     [4]atomic.Pointer[limitParams] // Limits buckets were recently made for
+	nextLim  atomic.Uint32                  // the slot of lims to fill next
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -182,16 +182,35 @@ func (sh *memShard) remove(c *cell) {
 // units, an instant before the cell's epoch or more than 2^61 units after
 // it, or a fraction counted in another rate (written by TakeAll under
 // another Limit).
+//
+// The fields a decision without a lock reads come first, after the key's
+// bytes when they are in the same allocation (see newCell).
 type cell struct {
-	st    atomic.Uint64 // locked, 0 for a full bucket, or 1 + the TAT in units of 1/u.q µs after epoch
+	h     uint64        // the key's hash
+	key   string        // a copy of the caller's
+	st    atomic.Uint64 // locked, 0 for a full bucket, or 1 + the TAT in units of 1/lp.u.q µs after epoch
+	epoch int64         // µs: the instant the cell was made at
+	lp    *limitParams  // the Limit the cell is made for, shared by its other cells; never changes
 	mu    sync.Mutex
 	b     bucket // the state while st is locked; b.rate == 0: dropped from the store
-	p     params // of the Limit the cell is made for; never changes
-	u     units  // p in units; u.t == 0 when the state never fits in st
-	epoch int64  // µs: the instant the cell was made at
-	key   string // a copy of the caller's
-	h     uint64 // the key's hash
 }
+
+// A cell and its key's bytes, in one allocation: a lookup that reaches the
+// cell finds the key to compare next to it.
+type (
+	cell16 struct {
+		k [16]byte
+		c cell
+	}
+	cell32 struct {
+		k [32]byte
+		c cell
+	}
+	cell64 struct {
+		k [64]byte
+		c cell
+	}
+)
 
 // locked is the st of a cell whose state is in b. Every other st is below
 // 2^62.
@@ -201,13 +220,27 @@ const locked = 1 << 63
 // an instant plus a bucket's capacity (at most 2^50) stays below 2^62.
 const maxUnits = 1 << 61
 
-// newCell returns a cell for a key whose hash is h, made at instant now
-// for the Limit of p, in state b.
-func (m *Memory) newCell(h uint64, p params, b bucket, now int64) *cell {
-	c := &cell{b: b, p: p, h: h, epoch: now}
-	if u, ok := p.units(); ok {
-		c.u = u
+// newCell returns a cell for key, whose hash is h, made at instant now for
+// the Limit of lp, in state b. It holds a copy of key: the caller's may be
+// reused.
+func (m *Memory) newCell(key string, h uint64, lp *limitParams, b bucket, now int64) *cell {
+	var c *cell
+	var k []byte
+	switch n := len(key); {
+	case n <= 16:
+		x := new(cell16)
+		c, k = &x.c, x.k[:n]
+	case n <= 32:
+		x := new(cell32)
+		c, k = &x.c, x.k[:n]
+	case n <= 64:
+		x := new(cell64)
+		c, k = &x.c, x.k[:n]
+	default:
+		c, k = new(cell), make([]byte, n)
 	}
+	copy(k, key)
+	*c = cell{h: h, key: unsafe.String(unsafe.SliceData(k), len(k)), b: b, lp: lp, epoch: now}
 	c.st.Store(locked)
 	m.release(c)
 	return c
@@ -239,16 +272,16 @@ func (m *Memory) release(c *cell) {
 // pack returns b as c's st; ok is false when it does not fit.
 func (m *Memory) pack(c *cell, b bucket) (s uint64, ok bool) {
 	switch {
-	case c.u.t == 0 || b.rate == 0:
+	case c.lp.u.t == 0 || b.rate == 0:
 		return 0, false
 	case !b.has():
 		return 0, true
-	case b.tat.f != 0 && b.rate != c.u.q:
+	case b.tat.f != 0 && b.rate != c.lp.u.q:
 		return 0, false // a fraction of another rate: wait for the next write
 	case b.tat.u < c.epoch:
 		return 0, false
 	}
-	hi, lo := bits.Mul64(uint64(b.tat.u-c.epoch), uint64(c.u.q))
+	hi, lo := bits.Mul64(uint64(b.tat.u-c.epoch), uint64(c.lp.u.q))
 	if hi != 0 || lo > maxUnits {
 		return 0, false
 	}
@@ -258,35 +291,40 @@ func (m *Memory) pack(c *cell, b bucket) (s uint64, ok bool) {
 // unpack returns the state that st s of c holds.
 func (m *Memory) unpack(c *cell, s uint64) bucket {
 	if s == 0 {
-		return bucket{rate: c.u.q}
+		return bucket{rate: c.lp.u.q}
 	}
-	x, q := s-1, uint64(c.u.q)
-	return bucket{tat: span{c.epoch + int64(x/q), int64(x % q)}, rate: c.u.q}
+	x, q := s-1, uint64(c.lp.u.q)
+	return bucket{tat: span{c.epoch + int64(x/q), int64(x % q)}, rate: c.lp.u.q}
 }
 
-// limitParams is a valid Limit and its params.
+// limitParams is a valid Limit, its params, and the params in the units
+// of the script's one-key form (u.t == 0 when the capacity is above 2^50
+// of them).
 type limitParams struct {
 	l Limit
 	p params
+	u units
 }
 
-// params returns limit's params, kept from the last new bucket when the
-// Limit is the same: a store filling with keys under one limit computes
-// them (a gcd and divisions) once.
-func (m *Memory) params(limit Limit) (params, error) {
-	if lp := m.last.Load(); lp != nil && lp.l == limit {
-		return lp.p, nil
+// limitParams returns limit's params, shared by the buckets made for it:
+// a store filling with keys under a few limits computes them (a gcd and
+// divisions) and allocates them once per limit.
+func (m *Memory) limitParams(limit Limit) (*limitParams, error) {
+	for i := range m.lims {
+		if lp := m.lims[i].Load(); lp != nil && lp.l == limit {
+			return lp, nil
+		}
 	}
 	p, err := limit.params()
-	if err == nil {
-		m.last.Store(&limitParams{limit, p})
+	if err != nil {
+		return nil, err
 	}
-	return p, err
-}
-
-// matches reports whether p holds the parameters of l (then l is valid).
-func (p *params) matches(l Limit) bool {
-	return p.rate*p.g == int64(l.Rate) && p.burst == int64(l.Burst) && p.period*p.g*int64(time.Microsecond) == int64(l.Period)
+	lp := &limitParams{l: limit, p: p}
+	if u, ok := p.units(); ok {
+		lp.u = u
+	}
+	m.lims[m.nextLim.Add(1)%uint32(len(m.lims))].Store(lp)
+	return lp, nil
 }
 
 // has reports whether b is a state: a zero TAT stands for a full bucket,
@@ -406,7 +444,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	h := maphash.String(m.seed, key)
 	sh := m.shardOf(h)
 	res.Limit = limit
-	if c := sh.table.Load().find(h, key); c != nil && c.p.matches(limit) {
+	if c := sh.table.Load().find(h, key); c != nil && c.lp.l == limit {
 		done, full := m.decideFast(c, now, int64(cost), res)
 		if !done {
 			c.mu.Lock()
@@ -415,7 +453,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 				c.mu.Unlock() // dropped meanwhile: ask under the shard's lock
 				return m.decideLocked(sh, key, h, limit, now, cost, res)
 			}
-			nb, write := c.p.decide(res, c.b, c.b.has(), now, int64(cost))
+			nb, write := c.lp.p.decide(res, c.b, c.b.has(), now, int64(cost))
 			full = !write && res.ResetAfter == 0
 			switch {
 			case write:
@@ -441,7 +479,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 // when the state is under c.mu or does not fit in st; full reports a bucket
 // that is full at now.
 func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full bool) {
-	u := &c.u
+	u := &c.lp.u
 	if u.t == 0 || now < c.epoch {
 		return false, false
 	}
@@ -512,10 +550,10 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	c := sh.lookup(h, key)
-	if c != nil && c.p.matches(limit) {
+	if c != nil && c.lp.l == limit {
 		c.mu.Lock()
 		m.claim(c)
-		nb, write := c.p.decide(res, c.b, c.b.has(), now, int64(cost))
+		nb, write := c.lp.p.decide(res, c.b, c.b.has(), now, int64(cost))
 		switch {
 		case write:
 			c.b = nb
@@ -526,15 +564,15 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 		c.mu.Unlock()
 		return nil
 	}
-	p, err := m.params(limit)
+	lp, err := m.limitParams(limit)
 	if err != nil {
 		*res = Result{}
 		return err
 	}
 	if c == nil {
-		nb, write := p.decide(res, bucket{}, false, now, int64(cost))
+		nb, write := lp.p.decide(res, bucket{}, false, now, int64(cost))
 		if write {
-			m.insert(sh, key, m.newCell(h, p, nb, now), now)
+			m.insert(sh, m.newCell(key, h, lp, nb, now), now)
 		}
 		return nil
 	}
@@ -544,23 +582,22 @@ func (m *Memory) decideLocked(sh *memShard, key string, h uint64, limit Limit, n
 	cur := c.b
 	sh.remove(c)
 	c.mu.Unlock()
-	nb, write := p.decide(res, cur, cur.has(), now, int64(cost))
+	nb, write := lp.p.decide(res, cur, cur.has(), now, int64(cost))
 	if !write && res.ResetAfter != 0 {
 		nb, write = cur, true // not full: keep its state
 	}
 	if write {
-		m.insert(sh, key, m.newCell(h, p, nb, now), now)
+		m.insert(sh, m.newCell(key, h, lp, nb, now), now)
 	}
 	return nil
 }
 
-// insert adds a new bucket for key to shard sh, whose lock the caller
+// insert adds c, a new bucket, to shard sh, whose lock the caller
 // holds, making room first if the shard is at capacity.
-func (m *Memory) insert(sh *memShard, key string, c *cell, now int64) {
+func (m *Memory) insert(sh *memShard, c *cell, now int64) {
 	if sh.live >= m.shardCap {
 		m.evict(sh, now)
 	}
-	c.key = strings.Clone(key) // a clone: do not pin the caller's backing array
 	sh.add(c)
 }
 
@@ -713,6 +750,12 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	lps := make([]*limitParams, len(reqs)) // for new buckets
+	for i, q := range reqs {
+		if lps[i], err = m.limitParams(q.Limit); err != nil {
+			return nil, err
+		}
+	}
 	keys := make([]string, len(reqs))
 	hs := make([]uint64, len(reqs))
 	idx := make([]uint32, 0, len(reqs))
@@ -791,7 +834,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		// New buckets last, once no cell is held: making room may lock some.
 		for i, c := range cells {
 			if c == nil && writes[i] {
-				m.insert(m.shardOf(hs[i]), keys[i], m.newCell(hs[i], ps[i], next[i], now), now)
+				m.insert(m.shardOf(hs[i]), m.newCell(keys[i], hs[i], lps[i], next[i], now), now)
 			}
 		}
 	}
