@@ -58,6 +58,14 @@ type call struct {
 	k      int64
 	done   chan struct{} // signalled when res and err are set
 
+	// In a pipeline (see coalesce): the call's index in it, and the calls
+	// that decide with it in one script call, linked from the first (the
+	// lead, whose n counts them and whose last is the last of them).
+	idx        int
+	n          int64
+	next, last *call
+	nargs      [3]any // the lead's arguments when n > 1
+
 	// Backing arrays for a one-key call, so that a Take allocates none.
 	keys1 [1]string
 	args1 [4]any
@@ -179,8 +187,10 @@ func (b *batcher) send(batch []*call) {
 	}
 }
 
-// run sends calls in one pipeline (and those that met NOSCRIPT in a
-// second, as EVAL), fills in their results and returns their errors.
+// run sends calls in a pipeline, one script call per group of coalesced
+// Takes (see coalesce), fills in their results and returns their errors.
+// When a group was denied while its first Takes would have been allowed in
+// turn, those are sent again one by one, in a second pipeline.
 func (b *batcher) run(calls []*call) (errs []error) {
 	errs = make([]error, len(calls))
 	defer func() {
@@ -195,30 +205,175 @@ func (b *batcher) run(calls []*call) (errs []error) {
 	}()
 	ctx, cancel := batchContext(calls)
 	defer cancel()
-	cmds := b.pipeline(ctx, calls, func(p redis.Pipeliner, c *call) *redis.Cmd {
-		return p.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.args...)
+	leads := coalesce(calls)
+	cmds := b.script(ctx, leads)
+	var alone []*call
+	for i, c := range leads {
+		alone = b.answer(ctx, c, cmds[i], errs, alone)
+	}
+	if len(alone) > 0 {
+		for _, c := range alone {
+			c.n, c.next, c.last = 1, nil, nil
+		}
+		cmds = b.script(ctx, alone)
+		for i, c := range alone {
+			b.answer(ctx, c, cmds[i], errs, nil)
+		}
+	}
+	return errs
+}
+
+// script sends one script call per lead in a pipeline, and those that met
+// NOSCRIPT again in a second, as EVAL. It returns their commands.
+func (b *batcher) script(ctx context.Context, leads []*call) []*redis.Cmd {
+	cmds := b.pipeline(ctx, leads, func(p redis.Pipeliner, c *call) *redis.Cmd {
+		return p.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.groupArgs()...)
 	})
 	var again []int
-	for i, c := range calls {
+	for i := range leads {
 		if err := cmds[i].Err(); err != nil && isNoScript(err) {
 			again = append(again, i)
-			continue
 		}
-		errs[i] = b.result(ctx, c, cmds[i])
 	}
 	if len(again) > 0 {
 		retry := make([]*call, len(again))
 		for j, i := range again {
-			retry[j] = calls[i]
+			retry[j] = leads[i]
 		}
-		cmds = b.pipeline(ctx, retry, func(p redis.Pipeliner, c *call) *redis.Cmd {
-			return p.Eval(ctx, lua.TokenBucket, c.keys, c.args...)
+		evals := b.pipeline(ctx, retry, func(p redis.Pipeliner, c *call) *redis.Cmd {
+			return p.Eval(ctx, lua.TokenBucket, c.keys, c.groupArgs()...)
 		})
 		for j, i := range again {
-			errs[i] = b.result(ctx, calls[i], cmds[j])
+			cmds[i] = evals[j]
 		}
 	}
-	return errs
+	return cmds
+}
+
+// A bucketCost is what one-key Takes must share to be coalesced: the
+// bucket (its Redis key), the limit (in units) and the cost.
+type bucketCost struct {
+	key string
+	u   units
+	k   int64
+}
+
+// coalesce groups the one-key Takes in calls that share a bucketCost into
+// one script call each, of their summed cost: n Takes of k units at one
+// instant are allowed together exactly when each would be allowed in turn,
+// and when none of them would be, each is denied with the same figures as
+// alone. A group stays within the bucket's capacity (the script rejects a
+// cost above it). Refunds, peeks (cost 0) and TakeAll groups are never
+// coalesced. coalesce numbers the calls (idx) and returns the leads, in
+// the order of calls.
+func coalesce(calls []*call) []*call {
+	leads := make([]*call, 0, len(calls))
+	var open map[bucketCost]*call
+	for i, c := range calls {
+		c.idx, c.n, c.next, c.last = i, 1, nil, nil
+		if !c.oneKey || c.k <= 0 || len(calls) == 1 {
+			leads = append(leads, c)
+			continue
+		}
+		bc := bucketCost{c.keys[0], c.u, c.k}
+		if lead := open[bc]; lead != nil && (lead.n+1)*c.k <= c.u.cap {
+			if lead.last == nil {
+				lead.next = c
+			} else {
+				lead.last.next = c
+			}
+			lead.last = c
+			lead.n++
+			continue
+		}
+		if open == nil {
+			open = make(map[bucketCost]*call)
+		}
+		open[bc] = c
+		leads = append(leads, c)
+	}
+	return leads
+}
+
+// groupArgs returns the script's arguments for c and the calls coalesced
+// with it: those of a Take of their summed cost.
+func (c *call) groupArgs() []any {
+	if c.n <= 1 {
+		return c.args
+	}
+	n := copy(c.nargs[:], c.args)
+	c.nargs[1] = c.n * c.k
+	return c.nargs[:n]
+}
+
+// answer reads the reply to lead's script call into lead and the calls
+// coalesced with it, and sets their errors in errs. The calls of a denied
+// group that would have been allowed in turn are appended to alone, to be
+// sent again one by one; answer returns alone.
+func (b *batcher) answer(ctx context.Context, lead *call, cmd *redis.Cmd, errs []error, alone []*call) []*call {
+	if lead.n <= 1 {
+		errs[lead.idx] = b.result(ctx, lead, cmd)
+		return alone
+	}
+	err := cmd.Err()
+	if err != nil && b.r.cluster != nil && isRedirect(err) {
+		for c := lead; c != nil; c = c.next {
+			errs[c.idx] = b.r.run(c.ctx, c)
+		}
+		return alone
+	}
+	if err == nil {
+		var retry int64
+		if retry, err = lead.parseGroup(cmd.Val()); err == nil {
+			for c := lead; retry > 0; c, retry = c.next, retry-1 {
+				alone = append(alone, c)
+			}
+			return alone
+		}
+	} else {
+		b.r.failed(ctx, err)
+	}
+	for c := lead; c != nil; c = c.next {
+		errs[c.idx] = fmt.Errorf("store: take %q: %w", c.key, err)
+	}
+	return alone
+}
+
+// parseGroup reads the one-key form's reply to the script call of lead's
+// group (their summed cost) into the result of every call in it, in turn,
+// as if each had been sent alone at the same instant. When the group was
+// denied, the first retry of its calls would have been allowed in turn:
+// parseGroup leaves them to be sent again, and answers the others as
+// denied after those.
+func (lead *call) parseGroup(reply any) (retry int64, err error) {
+	r, ok := reply.(int64)
+	if !ok {
+		return 0, fmt.Errorf("unexpected script reply %v", reply)
+	}
+	u, k := lead.u, lead.k
+	debt := r - lead.n*k // the debt before the group's Takes
+	if r < 0 {
+		if debt = -1 - r; debt < 0 || debt > u.cap {
+			return 0, fmt.Errorf("unexpected script reply %v", reply)
+		}
+		retry = (u.cap - debt) / k // fewer than n: the group was denied
+		debt += retry * k
+	}
+	i := int64(0)
+	for c := lead; c != nil; c, i = c.next, i+1 {
+		if i < retry {
+			continue
+		}
+		reply := -1 - debt // denied: the debt stays
+		if r >= 0 {
+			debt += k
+			reply = debt
+		}
+		if c.res[0], ok = u.result(reply, k); !ok {
+			return 0, fmt.Errorf("unexpected script reply %v to %d coalesced Takes", r, lead.n)
+		}
+	}
+	return retry, nil
 }
 
 func (b *batcher) pipeline(ctx context.Context, calls []*call, add func(redis.Pipeliner, *call) *redis.Cmd) []*redis.Cmd {

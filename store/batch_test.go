@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -320,5 +321,95 @@ func (h sendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 			h(cmd)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// Concurrent Takes of one bucket in one pipeline are coalesced into one
+// script call of their summed cost, and each caller still gets the answer
+// it would have got alone: exactly Burst of them are allowed, with every
+// Remaining from Burst-1 down to 0 once. A group that meets a bucket with
+// room for part of it is sent again one Take at a time.
+func TestBatchingCoalescesTakesOfOneBucket(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaktest.Check(t)
+			client := tc.client(t)
+			h := &pipeCounter{}
+			if cc, ok := client.(*redis.ClusterClient); ok {
+				cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+			} else {
+				client.AddHook(h)
+			}
+			s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(2))
+			ctx := context.Background()
+			// fire runs goroutines × takes concurrent Takes of cost 1 on key
+			// and returns the Remaining of those allowed.
+			fire := func(key string, limit store.Limit, goroutines, takes int) []int {
+				var mu sync.Mutex
+				var allowed []int
+				var wg sync.WaitGroup
+				for range goroutines {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range takes {
+							res, err := s.Take(ctx, key, limit, 1)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if res.Limit != limit {
+								t.Errorf("Limit %v, want %v", res.Limit, limit)
+							}
+							if res.Allowed {
+								mu.Lock()
+								allowed = append(allowed, res.Remaining)
+								mu.Unlock()
+							} else if res.Remaining != 0 || res.RetryAfter <= 0 || res.RetryAfter > limit.Period {
+								t.Errorf("denied with %+v; want 0 remaining and a retry within the period", res)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				return allowed
+			}
+			// exactly checks that allowed holds want-1 down to 0, once each.
+			exactly := func(what string, allowed []int, want int) {
+				t.Helper()
+				slices.Sort(allowed)
+				for i, r := range allowed {
+					if r != i {
+						t.Fatalf("%s: allowed with Remaining %v; want 0 to %d once each", what, allowed, want-1)
+					}
+				}
+				if len(allowed) != want {
+					t.Fatalf("%s: %d allowed; want %d", what, len(allowed), want)
+				}
+			}
+
+			limit := store.Limit{Rate: 1, Period: time.Hour, Burst: 500}
+			calls0 := h.calls.Load()
+			exactly("hot key", fire("hot", limit, 64, 20), limit.Burst)
+			calls := h.calls.Load() - calls0
+			t.Logf("1280 Takes of one bucket in %d script calls", calls)
+			if calls >= 1280 {
+				t.Errorf("1280 concurrent Takes of one bucket took %d script calls: none coalesced", calls)
+			}
+			// Buckets with room for 3 Takes when the crowd arrives.
+			for round := range 5 {
+				key := fmt.Sprintf("partial:%d", round)
+				if res, err := s.Take(ctx, key, limit, limit.Burst-3); err != nil || !res.Allowed {
+					t.Fatalf("draining %s: %+v, %v", key, res, err)
+				}
+				exactly(key, fire(key, limit, 64, 2), 3)
+			}
+		})
 	}
 }
