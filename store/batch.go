@@ -178,49 +178,77 @@ func (b *batcher) send(batch []*call) {
 		}
 		live = append(live, c)
 	}
-	if len(live) == 0 {
-		return
-	}
-	errs := b.run(live)
-	for i, c := range live {
-		c.answer(errs[i])
+	if len(live) > 0 {
+		b.run(live)
 	}
 }
 
-// run sends calls in a pipeline, one script call per group of coalesced
-// Takes (see coalesce), fills in their results and returns their errors.
-// When a group was denied while its first Takes would have been allowed in
-// turn, those are sent again one by one, in a second pipeline.
-func (b *batcher) run(calls []*call) (errs []error) {
-	errs = make([]error, len(calls))
+// run sends calls in a pipeline, one script call per bucket (see
+// coalesce), and answers every call. When a bucket's Takes were denied
+// while the first of them would have been allowed in turn, the other calls
+// are answered first, and those Takes are sent again one by one, in a
+// second pipeline (unless their callers have gone meanwhile).
+func (b *batcher) run(calls []*call) {
+	errs := make([]error, len(calls))
+	answered := make([]bool, len(calls))
+	finish := func(i int) {
+		answered[i] = true
+		calls[i].answer(errs[i]) // the caller may now reuse calls[i]
+	}
 	defer func() {
 		// A panic here (a client's hook, say) would end the process: no
-		// handler can recover it on this goroutine. Every call gets it as
-		// its error.
+		// handler can recover it on this goroutine. Every call not yet
+		// answered gets it as its error.
 		if v := recover(); v != nil {
 			for i, c := range calls {
-				errs[i] = fmt.Errorf("store: take %q: panic: %v", c.key, v)
+				if !answered[i] {
+					errs[i] = fmt.Errorf("store: take %q: panic: %v", c.key, v)
+					finish(i)
+				}
 			}
 		}
 	}()
+	leads := coalesce(calls)
 	ctx, cancel := batchContext(calls)
 	defer cancel()
-	leads := coalesce(calls)
 	cmds := b.script(ctx, leads)
 	var alone []*call
 	for i, c := range leads {
 		alone = b.answer(ctx, c, cmds[i], errs, alone)
 	}
-	if len(alone) > 0 {
-		for _, c := range alone {
-			c.n, c.next, c.last = 1, nil, nil
-		}
-		cmds = b.script(ctx, alone)
-		for i, c := range alone {
-			b.answer(ctx, c, cmds[i], errs, nil)
+	later := make([]bool, len(calls))
+	for _, c := range alone {
+		later[c.idx] = true
+		c.n, c.next, c.last = 1, nil, nil
+	}
+	for i := range calls {
+		if !later[i] {
+			finish(i)
 		}
 	}
-	return errs
+	if len(alone) == 0 {
+		return
+	}
+	live := alone[:0]
+	for _, c := range alone {
+		if err := c.ctx.Err(); err != nil {
+			// Its caller has gone: do not spend a token it will not use.
+			errs[c.idx] = fmt.Errorf("store: take %q: %w", c.key, err)
+			finish(c.idx)
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel = batchContext(live)
+	defer cancel()
+	cmds = b.script(ctx, live)
+	for i, c := range live {
+		b.answer(ctx, c, cmds[i], errs, nil)
+		finish(c.idx)
+	}
 }
 
 // script sends one script call per lead in a pipeline, and those that met
@@ -262,10 +290,12 @@ type bucketCost struct {
 // one script call each, of their summed cost: n Takes of k units at one
 // instant are allowed together exactly when each would be allowed in turn,
 // and when none of them would be, each is denied with the same figures as
-// alone. A group stays within the bucket's capacity (the script rejects a
-// cost above it). Refunds, peeks (cost 0) and TakeAll groups are never
-// coalesced. coalesce numbers the calls (idx) and returns the leads, in
-// the order of calls.
+// alone. The call takes at most the bucket's capacity (the script rejects a
+// cost above it): when the group holds more Takes than that, the rest
+// would be denied in turn whatever the bucket holds (see parseGroup).
+// Refunds, peeks (cost 0) and TakeAll groups of several keys are never
+// coalesced. coalesce numbers the calls (idx) and returns the leads, in the
+// order of calls.
 func coalesce(calls []*call) []*call {
 	leads := make([]*call, 0, len(calls))
 	var open map[bucketCost]*call
@@ -276,7 +306,7 @@ func coalesce(calls []*call) []*call {
 			continue
 		}
 		bc := bucketCost{c.keys[0], c.u, c.k}
-		if lead := open[bc]; lead != nil && (lead.n+1)*c.k <= c.u.cap {
+		if lead := open[bc]; lead != nil {
 			if lead.last == nil {
 				lead.next = c
 			} else {
@@ -296,15 +326,19 @@ func coalesce(calls []*call) []*call {
 }
 
 // groupArgs returns the script's arguments for c and the calls coalesced
-// with it: those of a Take of their summed cost.
+// with it: those of a Take of their summed cost, or of as many of them as
+// the bucket can hold.
 func (c *call) groupArgs() []any {
 	if c.n <= 1 {
 		return c.args
 	}
 	n := copy(c.nargs[:], c.args)
-	c.nargs[1] = c.n * c.k
+	c.nargs[1] = c.sent() * c.k
 	return c.nargs[:n]
 }
+
+// sent is the number of the Takes in c's group that its script call takes.
+func (c *call) sent() int64 { return min(c.n, c.u.cap/c.k) }
 
 // answer reads the reply to lead's script call into lead and the calls
 // coalesced with it, and sets their errors in errs. The calls of a denied
@@ -325,7 +359,7 @@ func (b *batcher) answer(ctx context.Context, lead *call, cmd *redis.Cmd, errs [
 	if err == nil {
 		var retry int64
 		if retry, err = lead.parseGroup(cmd.Val()); err == nil {
-			for c := lead; retry > 0; c, retry = c.next, retry-1 {
+			for c := lead; retry > 0 && c != nil; c, retry = c.next, retry-1 {
 				alone = append(alone, c)
 			}
 			return alone
@@ -340,24 +374,25 @@ func (b *batcher) answer(ctx context.Context, lead *call, cmd *redis.Cmd, errs [
 }
 
 // parseGroup reads the one-key form's reply to the script call of lead's
-// group (their summed cost) into the result of every call in it, in turn,
-// as if each had been sent alone at the same instant. When the group was
-// denied, the first retry of its calls would have been allowed in turn:
-// parseGroup leaves them to be sent again, and answers the others as
-// denied after those.
+// group into the result of every call in it, in turn, as if each had been
+// sent alone at the same instant. When the script call was allowed, its
+// sent Takes are, and any after them are denied: the bucket then has no
+// room for one more. When it was denied, the first retry Takes would have
+// been allowed in turn: parseGroup leaves them to be sent again, and
+// answers the others as denied after those.
 func (lead *call) parseGroup(reply any) (retry int64, err error) {
 	r, ok := reply.(int64)
 	if !ok {
 		return 0, fmt.Errorf("unexpected script reply %v", reply)
 	}
-	u, k := lead.u, lead.k
-	debt := r - lead.n*k // the debt before the group's Takes
+	u, k, sent := lead.u, lead.k, lead.sent()
+	debt, allowed := r-sent*k, sent // the debt before the group's Takes
 	if r < 0 {
 		if debt = -1 - r; debt < 0 || debt > u.cap {
 			return 0, fmt.Errorf("unexpected script reply %v", reply)
 		}
-		retry = (u.cap - debt) / k // fewer than n: the group was denied
-		debt += retry * k
+		retry = min((u.cap-debt)/k, lead.n) // fewer than sent: the call was denied
+		debt, allowed = debt+retry*k, 0
 	}
 	i := int64(0)
 	for c := lead; c != nil; c, i = c.next, i+1 {
@@ -365,7 +400,7 @@ func (lead *call) parseGroup(reply any) (retry int64, err error) {
 			continue
 		}
 		reply := -1 - debt // denied: the debt stays
-		if r >= 0 {
+		if i < allowed {
 			debt += k
 			reply = debt
 		}

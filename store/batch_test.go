@@ -402,13 +402,22 @@ func TestBatchingCoalescesTakesOfOneBucket(t *testing.T) {
 			if calls >= 1280 {
 				t.Errorf("1280 concurrent Takes of one bucket took %d script calls: none coalesced", calls)
 			}
-			// Buckets with room for 3 Takes when the crowd arrives.
+			// Buckets with room for 3 Takes when the crowd arrives, and
+			// buckets smaller than a pipeline's worth of Takes.
+			small := store.Limit{Rate: 1, Period: time.Hour, Burst: 4}
 			for round := range 5 {
 				key := fmt.Sprintf("partial:%d", round)
 				if res, err := s.Take(ctx, key, limit, limit.Burst-3); err != nil || !res.Allowed {
 					t.Fatalf("draining %s: %+v, %v", key, res, err)
 				}
 				exactly(key, fire(key, limit, 64, 2), 3)
+				key = fmt.Sprintf("small:%d", round)
+				exactly(key, fire(key, small, 64, 2), small.Burst)
+				key = fmt.Sprintf("small-partial:%d", round)
+				if res, err := s.Take(ctx, key, small, 2); err != nil || !res.Allowed {
+					t.Fatalf("draining %s: %+v, %v", key, res, err)
+				}
+				exactly(key, fire(key, small, 64, 2), 2)
 			}
 		})
 	}

@@ -21,8 +21,10 @@ const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, so that every server of an
 // application shares one limit. Each Take is one EVALSHA of [lua.TokenBucket]
-// (one round trip, atomic, on Redis's clock); when Redis does not have the
-// script cached, the same call is retried once as EVAL, which caches it.
+// (one round trip, atomic, on Redis's clock), or with batching shares one
+// with the concurrent Takes of its bucket (see [WithBatching]); when Redis
+// does not have the script cached, the same call is retried once as EVAL,
+// which caches it.
 //
 // The Redis key of a bucket is the prefix followed by the caller's key; keys
 // longer than 128 bytes are replaced by their SHA-256 (keeping a Cluster
@@ -73,8 +75,13 @@ func WithKeyPrefix(prefix string) RedisOption {
 // With batching, concurrent Takes are coalesced: a Take is sent at once if
 // fewer than n pipelines are in flight — alone at low load, so batching
 // adds no linger — and otherwise leaves with the next pipeline, together
-// with every Take queued meanwhile (at most 128). Each Take is still one
-// EVALSHA and is answered on its own. On a Cluster, Takes are batched per
+// with every Take queued meanwhile (at most 128). The Takes in a pipeline
+// of one bucket, with the same limit and cost, share one EVALSHA of their
+// summed cost (at most the bucket's capacity), and each is answered on its
+// own with what it would have got alone at that instant. A group that is
+// denied while its first m Takes would have been allowed in turn sends
+// those m again, one by one, in a second pipeline: they take two round
+// trips, every other Take one. On a Cluster, Takes are batched per
 // master (a slow node holds up only its own keys) and a Take that the node
 // redirects (MOVED, ASK) is retried alone through the Cluster client. On a
 // Ring, the Ring splits each pipeline among its shards. Client hooks see
