@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -149,6 +150,7 @@ func (b *batcher) release() {
 // work sends pipelines until the queue is empty.
 func (b *batcher) work() {
 	var batch []*call
+	var sc scratch
 	for {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
@@ -162,13 +164,38 @@ func (b *batcher) work() {
 		clear(b.queue[rest:])
 		b.queue = b.queue[:rest]
 		b.mu.Unlock()
-		b.send(batch)
+		b.send(batch, &sc)
 		clear(batch)
 	}
 }
 
+// A scratch holds what a worker reuses from one pipeline to the next.
+type scratch struct {
+	open     map[bucketCost]*call // see coalesce
+	leads    []*call
+	errs     []error
+	answered []bool
+	later    []bool
+}
+
+// reset empties sc for a pipeline of n calls.
+func (sc *scratch) reset(n int) {
+	clear(sc.open)
+	sc.leads = slices.Grow(sc.leads[:0], n)
+	sc.errs = append(sc.errs[:0], make([]error, n)...)
+	sc.answered = append(sc.answered[:0], make([]bool, n)...)
+	sc.later = append(sc.later[:0], make([]bool, n)...)
+}
+
+// done drops sc's references to calls, which their callers reuse.
+func (sc *scratch) done() {
+	clear(sc.open)
+	clear(sc.leads[:cap(sc.leads)])
+	clear(sc.errs)
+}
+
 // send runs one pipeline for batch and answers every call in it.
-func (b *batcher) send(batch []*call) {
+func (b *batcher) send(batch []*call, sc *scratch) {
 	live := batch[:0:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
@@ -179,7 +206,7 @@ func (b *batcher) send(batch []*call) {
 		live = append(live, c)
 	}
 	if len(live) > 0 {
-		b.run(live)
+		b.run(live, sc)
 	}
 }
 
@@ -188,9 +215,10 @@ func (b *batcher) send(batch []*call) {
 // while the first of them would have been allowed in turn, the other calls
 // are answered first, and those Takes are sent again one by one, in a
 // second pipeline (unless their callers have gone meanwhile).
-func (b *batcher) run(calls []*call) {
-	errs := make([]error, len(calls))
-	answered := make([]bool, len(calls))
+func (b *batcher) run(calls []*call, sc *scratch) {
+	sc.reset(len(calls))
+	defer sc.done()
+	errs, answered, later := sc.errs, sc.answered, sc.later
 	finish := func(i int) {
 		answered[i] = true
 		calls[i].answer(errs[i]) // the caller may now reuse calls[i]
@@ -208,7 +236,7 @@ func (b *batcher) run(calls []*call) {
 			}
 		}
 	}()
-	leads := coalesce(calls)
+	leads := coalesce(calls, sc)
 	ctx, cancel := batchContext(calls)
 	defer cancel()
 	cmds := b.script(ctx, leads)
@@ -216,7 +244,6 @@ func (b *batcher) run(calls []*call) {
 	for i, c := range leads {
 		alone = b.answer(ctx, c, cmds[i], errs, alone)
 	}
-	later := make([]bool, len(calls))
 	for _, c := range alone {
 		later[c.idx] = true
 		c.n, c.next, c.last = 1, nil, nil
@@ -296,9 +323,9 @@ type bucketCost struct {
 // Refunds, peeks (cost 0) and TakeAll groups of several keys are never
 // coalesced. coalesce numbers the calls (idx) and returns the leads, in the
 // order of calls.
-func coalesce(calls []*call) []*call {
-	leads := make([]*call, 0, len(calls))
-	var open map[bucketCost]*call
+// It uses sc's map and leads.
+func coalesce(calls []*call, sc *scratch) []*call {
+	leads := sc.leads[:0]
 	for i, c := range calls {
 		c.idx, c.n, c.next, c.last = i, 1, nil, nil
 		if !c.oneKey || c.k <= 0 || len(calls) == 1 {
@@ -306,7 +333,7 @@ func coalesce(calls []*call) []*call {
 			continue
 		}
 		bc := bucketCost{c.keys[0], c.u, c.k}
-		if lead := open[bc]; lead != nil {
+		if lead := sc.open[bc]; lead != nil {
 			if lead.last == nil {
 				lead.next = c
 			} else {
@@ -316,12 +343,13 @@ func coalesce(calls []*call) []*call {
 			lead.n++
 			continue
 		}
-		if open == nil {
-			open = make(map[bucketCost]*call)
+		if sc.open == nil {
+			sc.open = make(map[bucketCost]*call)
 		}
-		open[bc] = c
+		sc.open[bc] = c
 		leads = append(leads, c)
 	}
+	sc.leads = leads
 	return leads
 }
 
