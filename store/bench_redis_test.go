@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -38,8 +39,12 @@ func BenchmarkRedisTake(b *testing.B) {
 		b.Run(v.name+"/goroutines=64", func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			var next atomic.Int64
 			b.RunParallel(func(pb *testing.PB) {
-				i := 0
+				// Each goroutine from its own offset: goroutines walking the
+				// keys in step would decide on one bucket at once, which
+				// batching coalesces into one script call.
+				i := int(next.Add(1)) * (len(spreadKeys) / 64)
 				for pb.Next() {
 					if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {
 						b.Error(err)

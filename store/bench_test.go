@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,8 +50,11 @@ func benchDecider(b *testing.B, d decider) {
 	})
 	b.Run("spread/parallel", func(b *testing.B) {
 		b.ReportAllocs()
+		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
-			i := 0
+			// Each goroutine from its own offset, so that they do not
+			// decide on the same keys in step.
+			i := int(next.Add(1)) * (len(spreadKeys) / 64)
 			for pb.Next() {
 				d(spreadKeys[i%len(spreadKeys)])
 				i += 7
