@@ -196,7 +196,7 @@ func (sc *scratch) done() {
 
 // send runs one pipeline for batch and answers every call in it.
 func (b *batcher) send(batch []*call, sc *scratch) {
-	live := batch[:0:0]
+	live := batch[:0] // in place: the worker clears batch afterwards
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			// Its caller has gone: do not spend a token it will not use.
