@@ -144,6 +144,23 @@ func (r *Redis) one(ctx context.Context, key string, b *boxed, limit Limit, cost
 	if r.client == nil {
 		return Result{}, fmt.Errorf("store: take %q: %w", key, errNilClient)
 	}
+	c := r.takeCall(ctx, key, b, cost)
+	err, abandoned := r.exec(ctx, c)
+	if err != nil {
+		if !abandoned {
+			c.release()
+		}
+		return Result{}, err
+	}
+	res := c.res1[0]
+	c.release()
+	res.Limit = limit
+	return res, nil
+}
+
+// takeCall returns the script call of a Take (a Refund when cost is
+// negative) of cost tokens from key's bucket, under the limit of b.
+func (r *Redis) takeCall(ctx context.Context, key string, b *boxed, cost int) *call {
 	c := newCall(ctx, key)
 	c.keys1[0] = r.Key(key)
 	c.keys, c.res = c.keys1[:], c.res1[:]
@@ -159,17 +176,7 @@ func (r *Redis) one(ctx context.Context, key string, b *boxed, limit Limit, cost
 		c.args1 = [4]any{b.v[0], b.v[1], b.v[2], cost}
 		c.args = c.args1[:]
 	}
-	err, abandoned := r.exec(ctx, c)
-	if err != nil {
-		if !abandoned {
-			c.release()
-		}
-		return Result{}, err
-	}
-	res := c.res1[0]
-	c.release()
-	res.Limit = limit
-	return res, nil
+	return c
 }
 
 // TakeAll implements [MultiStore]. Requests whose keys share a Cluster hash
