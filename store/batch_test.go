@@ -62,6 +62,18 @@ func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
+// countScripts adds a pipeCounter to client: on a Cluster, to each master's
+// own client, which batches go to.
+func countScripts(client redis.UniversalClient) *pipeCounter {
+	h := &pipeCounter{}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+	} else {
+		client.AddHook(h)
+	}
+	return h
+}
+
 func atomicMax(a *atomic.Int64, n int64) {
 	for {
 		m := a.Load()
@@ -118,13 +130,7 @@ func TestBatchingCoalescesAndRoutes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
 			client := tc.client(t)
-			h := &pipeCounter{}
-			if cc, ok := client.(*redis.ClusterClient); ok {
-				// Batches go to each master's own client.
-				cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
-			} else {
-				client.AddHook(h)
-			}
+			h := countScripts(client)
 			// So that no EVAL follows a NOSCRIPT below.
 			if err := client.ScriptLoad(context.Background(), lua.TokenBucket).Err(); err != nil {
 				t.Fatal(err)
@@ -340,12 +346,7 @@ func TestBatchingCoalescesTakesOfOneBucket(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
 			client := tc.client(t)
-			h := &pipeCounter{}
-			if cc, ok := client.(*redis.ClusterClient); ok {
-				cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
-			} else {
-				client.AddHook(h)
-			}
+			h := countScripts(client)
 			s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(2))
 			ctx := context.Background()
 			// fire runs goroutines × takes concurrent Takes of cost 1 on key
