@@ -55,8 +55,8 @@ type Memory struct {
 	startUs  int64
 	startNs  int64 // nanotime() at start
 	evicted  atomic.Int64
-	lims     [4]atomic.Pointer[limitParams] // Limits buckets were recently made for
-	nextLim  atomic.Uint32                  // the slot of lims to fill next
+	lims     [16]atomic.Pointer[limitParams] // Limits buckets were recently made for
+	nextLim  atomic.Uint32                   // the slot of lims to fill next
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -307,8 +307,9 @@ type limitParams struct {
 }
 
 // limitParams returns limit's params, shared by the buckets made for it:
-// a store filling with keys under a few limits computes them (a gcd and
-// divisions) and allocates them once per limit.
+// a store filling with keys under up to 16 limits computes them (a gcd and
+// divisions) and allocates them once per limit. Under more limits in turn,
+// new buckets may get copies of their own.
 func (m *Memory) limitParams(limit Limit) (*limitParams, error) {
 	for i := range m.lims {
 		if lp := m.lims[i].Load(); lp != nil && lp.l == limit {
