@@ -182,24 +182,46 @@ func (p *params) units() (u units, ok bool) {
 // debt when allowed: the same Result as the general form's four integers
 // (all but Limit). ok is false for a reply the script cannot give.
 func (u *units) result(r, k int64) (res Result, ok bool) {
-	res.Allowed = r >= 0
 	debt := r
-	if !res.Allowed {
+	if r < 0 {
 		debt = -1 - r
 	}
-	if debt < 0 || debt > u.cap {
+	if debt < 0 || debt > u.cap || (r < 0 && (k <= 0 || debt+k <= u.cap)) {
 		return Result{}, false
 	}
-	res.Remaining = int((u.cap - debt) / u.t)
-	res.ResetAfter = time.Duration(ceilDiv(debt, u.q)) * time.Microsecond
-	if !res.Allowed {
-		short := debt + k - u.cap // how far taking k would overfill the debt
-		if k <= 0 || short <= 0 {
-			return Result{}, false
-		}
-		res.RetryAfter = time.Duration(ceilDiv(short, u.q)) * time.Microsecond
-	}
+	u.fill(&res, r, k)
 	return res, true
+}
+
+// fill sets all but res.Limit from a valid one-key reply r (see result):
+// for a debt D after the decision, Remaining = floor((cap-D)/t),
+// ResetAfter = ceil(D/q) µs and, when denied, RetryAfter =
+// ceil((D+k-cap)/q) µs. It divides only by a t or q above 1: the Memory
+// store calls it on every decision.
+func (u *units) fill(res *Result, r, k int64) {
+	res.Allowed = r >= 0
+	debt := r
+	if r < 0 {
+		debt = -1 - r
+	}
+	left := u.cap - debt
+	if u.t != 1 {
+		left /= u.t
+	}
+	res.Remaining = int(left)
+	res.ResetAfter = time.Duration(ceilDivUnit(debt, u.q)) * time.Microsecond
+	res.RetryAfter = 0
+	if r < 0 {
+		res.RetryAfter = time.Duration(ceilDivUnit(debt+k-u.cap, u.q)) * time.Microsecond
+	}
+}
+
+// ceilDivUnit is ceilDiv(a, q) without a division when q is 1.
+func ceilDivUnit(a, q int64) int64 {
+	if q == 1 {
+		return a
+	}
+	return ceilDiv(a, q)
 }
 
 // ceilDiv is a/b rounded up, for a >= 0 and b >= 1.

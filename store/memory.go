@@ -518,30 +518,10 @@ func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full b
 			ns = at + uint64(debt) + 1
 		}
 		if ns == s || c.st.CompareAndSwap(s, ns) {
-			// As units.result reads r, without its checks and with fewer
-			// divisions: t and q are often 1.
-			res.Allowed = r >= 0
-			left := u.cap - debt
-			if u.t != 1 {
-				left /= u.t
-			}
-			res.Remaining = int(left)
-			res.ResetAfter = time.Duration(ceilDivUnit(debt, u.q)) * time.Microsecond
-			res.RetryAfter = 0
-			if r < 0 {
-				res.RetryAfter = time.Duration(ceilDivUnit(debt+k-u.cap, u.q)) * time.Microsecond
-			}
+			u.fill(res, r, k)
 			return true, debt == 0
 		}
 	}
-}
-
-// ceilDivUnit is ceilDiv(a, q) without a division when q is 1.
-func ceilDivUnit(a, q int64) int64 {
-	if q == 1 {
-		return a
-	}
-	return ceilDiv(a, q)
 }
 
 // decideLocked is decide under the shard's lock, for a key that the
