@@ -81,8 +81,19 @@ type memShard struct {
 }
 
 type cellTable struct {
-	slots []atomic.Pointer[cell]
+	slots []slot
 	mask  uint64
+}
+
+// A slot holds a bucket, nil, or the tombstone, and the hash of the key it
+// was last given: a lookup skips the buckets of other hashes without
+// reading them, which would cost a cache miss each. h is written before c,
+// and c is read before h; a lookup that reads an h newer than c (the slot
+// was reused in between) can only skip c, which a lookup may (see
+// memShard).
+type slot struct {
+	h atomic.Uint64
+	c atomic.Pointer[cell]
 }
 
 // tombstone marks a slot whose bucket was removed: probes go on past it.
@@ -93,11 +104,12 @@ const minTable = 16
 // find returns the bucket of key, whose hash is h, or nil.
 func (t *cellTable) find(h uint64, key string) *cell {
 	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		c := t.slots[i].Load()
+		s := &t.slots[i]
+		c := s.c.Load()
 		if c == nil {
 			return nil
 		}
-		if c.h == h && c != tombstone && c.key == key {
+		if s.h.Load() == h && c != tombstone && c.key == key {
 			return c
 		}
 	}
@@ -107,19 +119,22 @@ func (t *cellTable) find(h uint64, key string) *cell {
 // reports whether it took an empty slot (not a tombstone's).
 func (t *cellTable) add(c *cell) (fresh bool) {
 	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
-		switch t.slots[i].Load() {
+		s := &t.slots[i]
+		switch s.c.Load() {
 		case nil:
-			t.slots[i].Store(c)
+			s.h.Store(c.h)
+			s.c.Store(c)
 			return true
 		case tombstone:
-			t.slots[i].Store(c)
+			s.h.Store(c.h)
+			s.c.Store(c)
 			return false
 		}
 	}
 }
 
 func newTable(size int) *cellTable {
-	return &cellTable{slots: make([]atomic.Pointer[cell], size), mask: uint64(size - 1)}
+	return &cellTable{slots: make([]slot, size), mask: uint64(size - 1)}
 }
 
 // lookup returns the bucket of key in shard sh, or nil. The caller holds
@@ -135,12 +150,12 @@ func (sh *memShard) add(c *cell) {
 	t := sh.table.Load()
 	if 4*(sh.used+1) > 3*len(t.slots) {
 		size := minTable
-		for size < 4*(sh.live+1) {
+		for size < 2*(sh.live+1) {
 			size *= 2 // at most half full after the resize
 		}
 		nt := newTable(size)
 		for i := range t.slots {
-			if old := t.slots[i].Load(); old != nil && old != tombstone {
+			if old := t.slots[i].c.Load(); old != nil && old != tombstone {
 				nt.add(old)
 			}
 		}
@@ -159,9 +174,9 @@ func (sh *memShard) remove(c *cell) {
 	c.b.rate = 0
 	t := sh.table.Load()
 	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
-		switch t.slots[i].Load() {
+		switch t.slots[i].c.Load() {
 		case c:
-			t.slots[i].Store(tombstone)
+			t.slots[i].c.Store(tombstone)
 			sh.live--
 			return
 		case nil:
@@ -606,7 +621,7 @@ func (m *Memory) evict(sh *memShard, now int64) {
 	freed, seen := 0, 0
 	start := rand.Uint64()
 	for k := uint64(0); k <= t.mask && seen < samples; k++ {
-		c := t.slots[(start+k)&t.mask].Load()
+		c := t.slots[(start+k)&t.mask].c.Load()
 		if c == nil || c == tombstone {
 			continue
 		}
@@ -681,7 +696,7 @@ func (m *Memory) sweep() {
 		sh.mu.Lock()
 		t := sh.table.Load()
 		for k := range t.slots {
-			if c := t.slots[k].Load(); c != nil && c != tombstone {
+			if c := t.slots[k].c.Load(); c != nil && c != tombstone {
 				c.mu.Lock()
 				m.claim(c)
 				if c.b.rate != 0 && c.b.full(m.nowUs()) {
