@@ -210,8 +210,8 @@ func (b *batcher) send(batch []*call, sc *scratch) {
 	}
 }
 
-// run sends calls in a pipeline, one script call per bucket (see
-// coalesce), and answers every call. When a bucket's Takes were denied
+// run sends calls in a pipeline, one script call per call, or per bucket
+// when the store coalesces (see coalesce), and answers every call. When a bucket's Takes were denied
 // while the first of them would have been allowed in turn, the other calls
 // are answered first, and those Takes are sent again one by one, in a
 // second pipeline (unless their callers have gone meanwhile).
@@ -236,7 +236,14 @@ func (b *batcher) run(calls []*call, sc *scratch) {
 			}
 		}
 	}()
-	leads := coalesce(calls, sc)
+	leads := calls
+	if b.r.coalesce {
+		leads = coalesce(calls, sc)
+	} else {
+		for i, c := range calls {
+			c.idx, c.n, c.next, c.last = i, 1, nil, nil
+		}
+	}
 	ctx, cancel := batchContext(calls)
 	defer cancel()
 	cmds := b.script(ctx, leads)

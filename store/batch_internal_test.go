@@ -43,7 +43,7 @@ func (h *retryHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // not be sent again: its token stays in the bucket.
 func TestBatcherRetryPipeline(t *testing.T) {
 	client := redistest.Server(t).Client(t)
-	r := NewRedis(client, WithKeyPrefix(t.Name()+":"), WithBatching(1))
+	r := NewRedis(client, WithKeyPrefix(t.Name()+":"), WithBatching(1), WithCoalescing(true))
 	ctx := context.Background()
 	limit := Limit{Rate: 1, Period: time.Hour, Burst: 100}
 	if res, err := r.Take(ctx, "P", limit, limit.Burst-3); err != nil || !res.Allowed {

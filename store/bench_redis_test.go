@@ -13,8 +13,9 @@ import (
 )
 
 // BenchmarkRedisTake decides on a real redis-server started for the
-// benchmark, from 1 goroutine and from 64, with batching (the default, 4
-// pipelines in flight), with 1 pipeline in flight, and without batching.
+// benchmark, from 1 goroutine and from 64, with batching (the default,
+// DefaultBatchPipelines in flight, and 4), with 1 pipeline in flight, and
+// without batching.
 func BenchmarkRedisTake(b *testing.B) {
 	srv := redistest.Server(b)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
@@ -43,7 +44,8 @@ func BenchmarkRedisTake(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				// Each goroutine from its own offset: goroutines walking the
 				// keys in step would decide on one bucket at once, which
-				// batching coalesces into one script call.
+				// measures the cache rather than Redis (and which
+				// WithCoalescing would turn into one script call).
 				i := int(next.Add(1)) * (len(spreadKeys) / 64)
 				for pb.Next() {
 					if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {

@@ -23,6 +23,24 @@ func TestConformanceRedisServer(t *testing.T) {
 	})
 }
 
+func TestConformanceRedisServerCoalescing(t *testing.T) {
+	t.Parallel()
+	client := redistest.Server(t).Client(t)
+	storetest.Run(t, storetest.Harness{
+		New:   func(t *testing.T) store.Store { return store.NewRedis(client, store.WithCoalescing(true)) },
+		Slack: 50 * time.Millisecond,
+	})
+}
+
+func TestConformanceRedisClusterCoalescing(t *testing.T) {
+	t.Parallel()
+	client := redistest.Cluster(t).Client(t)
+	storetest.Run(t, storetest.Harness{
+		New:   func(t *testing.T) store.Store { return store.NewRedis(client, store.WithCoalescing(true)) },
+		Slack: 50 * time.Millisecond,
+	})
+}
+
 func TestConformanceRedisCluster(t *testing.T) {
 	t.Parallel()
 	client := redistest.Cluster(t).Client(t)

@@ -21,10 +21,9 @@ const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, so that every server of an
 // application shares one limit. Each Take is one EVALSHA of [lua.TokenBucket]
-// (one round trip, atomic, on Redis's clock), or with batching shares one
-// with the concurrent Takes of its bucket (see [WithBatching]); when Redis
-// does not have the script cached, the same call is retried once as EVAL,
-// which caches it.
+// (one round trip, atomic, on Redis's clock), unless [WithCoalescing] lets
+// concurrent Takes of one bucket share one; when Redis does not have the
+// script cached, the same call is retried once as EVAL, which caches it.
 //
 // The Redis key of a bucket is the prefix followed by the caller's key; keys
 // longer than 128 bytes are replaced by their SHA-256 (keeping a Cluster
@@ -46,9 +45,12 @@ type Redis struct {
 	// pipelines is the number of pipelines in flight per node when
 	// batching (0: no batching); see WithBatching.
 	pipelines int
-	single1   *batcher // the batcher of a client that is not a Cluster
-	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
-	boxed     atomic.Pointer[boxed]
+	// coalesce lets the Takes of one bucket in a pipeline share a script
+	// call; see WithCoalescing.
+	coalesce bool
+	single1  *batcher // the batcher of a client that is not a Cluster
+	nodes    sync.Map // *redis.Client (a Cluster master) → *batcher
+	boxed    atomic.Pointer[boxed]
 	// ctxDeadlines is true when the client's socket I/O ends at the
 	// context's deadline (ContextTimeoutEnabled); otherwise Take enforces it.
 	ctxDeadlines bool
@@ -72,22 +74,35 @@ func WithKeyPrefix(prefix string) RedisOption {
 // node (default [DefaultBatchPipelines]); 0 turns batching off, so that
 // every Take is a call of its own on the client's pool.
 //
-// With batching, concurrent Takes are coalesced: a Take is sent at once if
+// With batching, concurrent Takes are pipelined: a Take is sent at once if
 // fewer than n pipelines are in flight — alone at low load, so batching
 // adds no linger — and otherwise leaves with the next pipeline, together
-// with every Take queued meanwhile (at most 128). The Takes in a pipeline
-// of one bucket, with the same limit and cost, share one EVALSHA of their
-// summed cost (at most the bucket's capacity), and each is answered on its
-// own with what it would have got alone at that instant. A group that is
-// denied while its first m Takes would have been allowed in turn sends
-// those m again, one by one, in a second pipeline: they take two round
-// trips, every other Take one. On a Cluster, Takes are batched per
-// master (a slow node holds up only its own keys) and a Take that the node
-// redirects (MOVED, ASK) is retried alone through the Cluster client. On a
-// Ring, the Ring splits each pipeline among its shards. Client hooks see
-// pipelines rather than single commands.
+// with every Take queued meanwhile (at most 128), each Take still one
+// EVALSHA of its own and answered on its own. On a Cluster, Takes are
+// batched per master (a slow node holds up only its own keys) and a Take
+// that the node redirects (MOVED, ASK) is retried alone through the Cluster
+// client. On a Ring, the Ring splits each pipeline among its shards. Client
+// hooks see pipelines rather than single commands.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) { r.pipelines = max(n, 0) }
+}
+
+// WithCoalescing, on, lets the Takes of one bucket that leave in one
+// pipeline (see [WithBatching]) share one EVALSHA of their summed cost (at
+// most the bucket's capacity), so that a hot key costs Redis one script
+// call per pipeline rather than one per Take. It is off by default: every
+// Take is then one EVALSHA, in one round trip.
+//
+// Coalesced Takes share a bucket, a limit and a cost, and each is answered
+// on its own with what it would have got alone at that instant: when the
+// call is allowed, every Take it carried is, and those beyond the bucket's
+// capacity are denied; when it is denied while the first m Takes would
+// have been allowed in turn, those m are sent again, one by one, in a
+// second pipeline (they take two round trips), and the rest are denied as
+// after them. Redis then counts fewer EVALSHAs than decisions. Without
+// batching, it has no effect.
+func WithCoalescing(on bool) RedisOption {
+	return func(r *Redis) { r.coalesce = on }
 }
 
 // NewRedis returns a Redis store that runs its script through client.
