@@ -24,6 +24,8 @@ var (
 	batchingFlag = flag.String("batching", "0,4",
 		"comma-separated n of the tollgate-batch<n> variants on Redis, with store.WithBatching(n) "+
 			"(needs -tags tollgate_batching; empty for none)")
+	coalesceFlag = flag.Bool("coalesce", false,
+		"add the tollgate-coalesce variant on Redis, with store.WithCoalescing(true) (needs -tags tollgate_coalescing)")
 	poolFlag = flag.Int("pool", 64, "PoolSize of every go-redis client")
 )
 
@@ -74,13 +76,24 @@ type variant struct {
 	name     string
 	lib      string
 	batching *int
+	coalesce bool
 }
 
 func variants(b *testing.B, backend string) []variant {
 	var vs []variant
 	for _, lib := range peers.Libs(backend) {
 		vs = append(vs, variant{name: lib, lib: lib})
-		if lib != peers.Tollgate || backend != peers.Redis || *batchingFlag == "" {
+		if lib != peers.Tollgate || backend != peers.Redis {
+			continue
+		}
+		if *coalesceFlag {
+			if peers.CoalescingBuilt() {
+				vs = append(vs, variant{name: "tollgate-coalesce", lib: lib, coalesce: true})
+			} else {
+				b.Logf("tollgate-coalesce left out: built without -tags tollgate_coalescing")
+			}
+		}
+		if *batchingFlag == "" {
 			continue
 		}
 		if !peers.BatchingBuilt() {
@@ -125,7 +138,7 @@ func BenchmarkDecide(b *testing.B) {
 						b.Run(w.name, func(b *testing.B) {
 							d, err := peers.NewDecider(peers.Config{
 								Lib: v.lib, Backend: backend, Client: client,
-								Limit: w.limit, Batching: v.batching,
+								Limit: w.limit, Batching: v.batching, Coalesce: v.coalesce,
 							})
 							if err != nil {
 								b.Fatal(err)

@@ -76,7 +76,8 @@ func (r *report) decide(ctx context.Context) error {
 	if r.hasTag("tollgate_batching") {
 		batching = r.cfg.batching
 	}
-	args = append(args, ".", "-args", "-batching="+batching)
+	args = append(args, ".", "-args", "-batching="+batching,
+		"-coalesce="+strconv.FormatBool(r.hasTag("tollgate_coalescing")))
 
 	f, err := os.Create(decideOut)
 	if err != nil {

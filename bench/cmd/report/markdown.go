@@ -349,8 +349,9 @@ func (r *report) ceilingMarkdown(b *bytes.Buffer) {
 		"load between the two. \"EVALSHA in Redis\" is the script's own time (`usec` over `calls` of " +
 		"`cmdstat_evalsha`); \"Redis CPU\" is the main thread's CPU time over the same calls, network " +
 		"included: one Redis core cannot run the script faster than once per that many microseconds. " +
-		"With batching, the Takes of one bucket that leave in one pipeline share one script call of their " +
-		"summed cost (each still gets its own answer), so on one key `store.Redis` can decide more often " +
+		"By default every Take is one script call. With `store.WithCoalescing(true)` (the tollgate-coalesce " +
+		"rows of section 1), the Takes of one bucket that leave in one pipeline share one script call of " +
+		"their summed cost (each still gets its own answer), so on one key that store can decide more often " +
 		"than Redis can run the script; over 100,000 keys it cannot.\n\n")
 	p("| run | decisions/s | p50 | p99 | EVALSHA in Redis | Redis CPU per EVALSHA | tollgate store.Redis | decisions/s | share of ceiling |\n")
 	p("|---|--:|--:|--:|--:|--:|---|--:|--:|\n")
