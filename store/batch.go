@@ -147,15 +147,28 @@ func (b *batcher) release() {
 	go b.work()
 }
 
+// errGoexit answers the calls of a pipeline whose goroutine a client hook
+// ended with runtime.Goexit.
+var errGoexit = errors.New("a client hook ended the goroutine sending the pipeline (runtime.Goexit)")
+
 // work sends pipelines until the queue is empty.
 func (b *batcher) work() {
 	var batch []*call
 	var sc scratch
+	exited := true // until the loop returns: a client hook ended the goroutine
+	defer func() {
+		if exited {
+			// Hand the pipeline slot on, or the queue would wait for ever
+			// once every slot was lost this way.
+			b.release()
+		}
+	}()
 	for {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.active--
 			b.mu.Unlock()
+			exited = false
 			return
 		}
 		n := min(len(b.queue), maxBatch)
@@ -226,14 +239,20 @@ func (b *batcher) run(calls []*call, sc *scratch) {
 	defer func() {
 		// A panic here (a client's hook, say) would end the process: no
 		// handler can recover it on this goroutine. Every call not yet
-		// answered gets it as its error.
-		if v := recover(); v != nil {
-			for i, c := range calls {
-				if !answered[i] {
-					errs[i] = fmt.Errorf("store: take %q: panic: %v", c.key, v)
-					finish(i)
-				}
+		// answered gets it as its error. A call is also left unanswered
+		// when a hook ends the goroutine with runtime.Goexit (recover then
+		// returns nil): its caller must not wait for ever either.
+		v := recover()
+		for i, c := range calls {
+			if answered[i] {
+				continue
 			}
+			if v != nil {
+				errs[i] = fmt.Errorf("store: take %q: panic: %v", c.key, v)
+			} else {
+				errs[i] = fmt.Errorf("store: take %q: %w", c.key, errGoexit)
+			}
+			finish(i)
 		}
 	}()
 	leads := calls
