@@ -24,7 +24,8 @@
 // (per user and global, per second and per hour) all or nothing, and
 // [Refunder]: Refund gives tokens back, never above capacity. [Redis]
 // batches concurrent Takes into pipelines per node ([WithBatching]), with
-// no linger at low load.
+// no linger at low load, each Take still one script call; with
+// [WithCoalescing], the Takes of one hot bucket in a pipeline share one.
 //
 // # Keys and memory
 //
