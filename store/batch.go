@@ -26,7 +26,7 @@ const DefaultBatchPipelines = 2
 // write stays small and one slow reply holds up few callers.
 const maxBatch = 128
 
-// A batcher coalesces the Takes for one Redis node into pipelines. A Take
+// A batcher gathers the Takes for one Redis node into pipelines. A Take
 // joins the queue; if fewer than max pipelines are in flight, a worker
 // starts at once and sends everything queued, so at low load a call goes
 // out immediately, alone — there is no linger. While max pipelines are in
@@ -147,9 +147,9 @@ func (b *batcher) release() {
 	go b.work()
 }
 
-// errGoexit answers the calls of a pipeline whose goroutine a client hook
-// ended with runtime.Goexit.
-var errGoexit = errors.New("a client hook ended the goroutine sending the pipeline (runtime.Goexit)")
+// errGoexit answers the calls whose goroutine a client hook ended with
+// runtime.Goexit before they were answered.
+var errGoexit = errors.New("a client hook ended the goroutine sending the call (runtime.Goexit)")
 
 // work sends pipelines until the queue is empty.
 func (b *batcher) work() {

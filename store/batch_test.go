@@ -241,82 +241,95 @@ func TestBatchingDropsAbandonedCalls(t *testing.T) {
 	}
 }
 
-// pipelineHook panics or ends the goroutine in every pipeline, according
-// to mode: 0 neither, 1 panic, 2 runtime.Goexit.
-type pipelineHook struct{ mode atomic.Int32 }
+// exitHook panics or ends the goroutine in every command and pipeline it
+// sees, according to mode: 0 neither, 1 panic, 2 runtime.Goexit.
+type exitHook struct{ mode atomic.Int32 }
 
-func (h *pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		switch h.mode.Load() {
-		case 1:
-			panic("hook panics")
-		case 2:
-			runtime.Goexit()
+func (h *exitHook) act() {
+	switch h.mode.Load() {
+	case 1:
+		panic("hook panics")
+	case 2:
+		runtime.Goexit()
+	}
+}
+
+func (h *exitHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *exitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.act()
 		}
+		return next(ctx, cmd)
+	}
+}
+func (h *exitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.act()
 		return next(ctx, cmds)
 	}
 }
 
 // A client hook that panics, or ends the goroutine with runtime.Goexit,
-// while a worker sends a pipeline neither ends the process nor leaves a
-// caller waiting: every Take in that pipeline is answered with an error at
-// once, and the store goes on batching once the hook behaves.
+// on a goroutine the store started to send a call — a batching worker, or
+// the one that bounds an unbatched call by its deadline — neither ends the
+// process nor leaves a caller waiting: the call is answered with an error
+// at once, and the store works again once the hook behaves.
 func TestBatchingSurvivesHookThatPanicsOrExits(t *testing.T) {
 	leaktest.Check(t)
+	// Without ContextTimeoutEnabled, a Take with a deadline is never sent
+	// from the caller's goroutine.
 	client := redistest.Server(t).Client(t)
-	h := &pipelineHook{}
+	h := &exitHook{}
 	client.AddHook(h)
-	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
-	limit := store.PerMinute(1000)
-	// crowd runs 32 concurrent Takes and returns the errors of those that
-	// failed; a Take that is still waiting after 5 s fails the test.
-	crowd := func(round string) []error {
-		var mu sync.Mutex
-		var errs []error
-		var wg sync.WaitGroup
-		for i := range 32 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_, err := s.Take(ctx, fmt.Sprintf("%s:%d", round, i), limit, 1)
-				if errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("%s: a Take waited until its deadline: %v", round, err)
-				}
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		return errs
-	}
-	for _, tc := range []struct {
-		mode int32
-		want string
-	}{{1, "panic: hook panics"}, {2, "runtime.Goexit"}} {
-		h.mode.Store(tc.mode)
-		failed := 0
-		// A crowd can leave entirely directly, in no pipeline: try again.
-		for try := 0; try < 20 && failed == 0; try++ {
-			for _, err := range crowd(fmt.Sprintf("mode%d-%d", tc.mode, try)) {
-				if !strings.Contains(err.Error(), tc.want) {
-					t.Errorf("mode %d: %v; want an error saying %q", tc.mode, err, tc.want)
-				}
-				failed++
+	for _, pipelines := range []int{1, 0} {
+		s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(pipelines))
+		limit := store.PerMinute(1000)
+		// crowd runs 32 concurrent Takes and returns the errors of those
+		// that failed; a Take still waiting after 5 s fails the test.
+		crowd := func(round string) []error {
+			var mu sync.Mutex
+			var errs []error
+			var wg sync.WaitGroup
+			for i := range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					_, err := s.Take(ctx, fmt.Sprintf("%s:%d", round, i), limit, 1)
+					if errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("%s: a Take waited until its deadline: %v", round, err)
+					}
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+					}
+				}()
 			}
+			wg.Wait()
+			return errs
 		}
-		if failed == 0 {
-			t.Fatalf("mode %d: no Take went through a pipeline in 20 crowds", tc.mode)
-		}
-		h.mode.Store(0)
-		if errs := crowd(fmt.Sprintf("after%d", tc.mode)); len(errs) > 0 {
-			t.Errorf("after hook mode %d: %d Takes failed, the first: %v", tc.mode, len(errs), errs[0])
+		for _, tc := range []struct {
+			mode int32
+			want string
+		}{{1, "panic: hook panics"}, {2, "runtime.Goexit"}} {
+			round := fmt.Sprintf("batching%d-mode%d", pipelines, tc.mode)
+			h.mode.Store(tc.mode)
+			errs := crowd(round)
+			for _, err := range errs {
+				if !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("%s: %v; want an error saying %q", round, err, tc.want)
+				}
+			}
+			if len(errs) != 32 {
+				t.Errorf("%s: %d of 32 Takes failed; want all, each call meeting the hook", round, len(errs))
+			}
+			h.mode.Store(0)
+			if errs := crowd(round + "-after"); len(errs) > 0 {
+				t.Errorf("%s, after: %d Takes failed, the first: %v", round, len(errs), errs[0])
+			}
 		}
 	}
 }

@@ -63,8 +63,8 @@ type Memory struct {
 	closeOnce sync.Once
 }
 
-// A shard keeps its buckets in an open-addressing table of atomic
-// pointers, indexed by the key's 64-bit hash (seeded per store): a lookup
+// A shard keeps its buckets in an open-addressing table of slots (an
+// atomic pointer and the hash of its key), indexed by the key's 64-bit hash (seeded per store): a lookup
 // reads it without a lock, while inserts, removals and resizes take mu. A
 // removed slot holds the tombstone; a resize publishes a new table, and a
 // lookup on the old one can only miss a bucket (then it asks under mu) or

@@ -366,13 +366,19 @@ func (r *Redis) bounded(ctx context.Context, c *call, direct bool) (err error, a
 	}
 	go func() {
 		// A panic here (a client's hook, say) would end the process: no
-		// handler can recover it on this goroutine. Return it as an error.
+		// handler can recover it on this goroutine. Return it as an error,
+		// and answer too when a hook ends the goroutine with
+		// runtime.Goexit (recover then returns nil).
+		answered := false
 		defer func() {
 			if v := recover(); v != nil {
 				c.answer(fmt.Errorf("store: take %q: panic: %v", c.key, v))
+			} else if !answered {
+				c.answer(fmt.Errorf("store: take %q: %w", c.key, errGoexit))
 			}
 		}()
 		c.answer(r.run(ctx, c))
+		answered = true
 	}()
 	return c.wait(ctx)
 }
