@@ -223,11 +223,12 @@ func (b *batcher) send(batch []*call, sc *scratch) {
 	}
 }
 
-// run sends calls in a pipeline, one script call per call, or per bucket
-// when the store coalesces (see coalesce), and answers every call. When a bucket's Takes were denied
-// while the first of them would have been allowed in turn, the other calls
-// are answered first, and those Takes are sent again one by one, in a
-// second pipeline (unless their callers have gone meanwhile).
+// run sends calls in a pipeline, one script call each, or one per bucket
+// when the store coalesces (see coalesce), and answers every call. When a
+// bucket's Takes were denied while the first of them would have been
+// allowed in turn, the other calls are answered first, and those Takes are
+// sent again one by one, in a second pipeline (unless their callers have
+// gone meanwhile).
 func (b *batcher) run(calls []*call, sc *scratch) {
 	sc.reset(len(calls))
 	defer sc.done()
@@ -255,14 +256,7 @@ func (b *batcher) run(calls []*call, sc *scratch) {
 			finish(i)
 		}
 	}()
-	leads := calls
-	if b.r.coalesce {
-		leads = coalesce(calls, sc)
-	} else {
-		for i, c := range calls {
-			c.idx, c.n, c.next, c.last = i, 1, nil, nil
-		}
-	}
+	leads := coalesce(calls, sc, b.r.coalesce)
 	ctx, cancel := batchContext(calls)
 	defer cancel()
 	cmds := b.script(ctx, leads)
@@ -347,14 +341,15 @@ type bucketCost struct {
 // cost above it): when the group holds more Takes than that, the rest
 // would be denied in turn whatever the bucket holds (see parseGroup).
 // Refunds, peeks (cost 0) and TakeAll groups of several keys are never
-// coalesced. coalesce numbers the calls (idx) and returns the leads, in the
-// order of calls.
+// coalesced, and nothing is when on is false (the store's default: every
+// call is then its own lead). coalesce numbers the calls (idx) and returns
+// the leads, in the order of calls.
 // It uses sc's map and leads.
-func coalesce(calls []*call, sc *scratch) []*call {
+func coalesce(calls []*call, sc *scratch, on bool) []*call {
 	leads := sc.leads[:0]
 	for i, c := range calls {
 		c.idx, c.n, c.next, c.last = i, 1, nil, nil
-		if !c.oneKey || c.k <= 0 || len(calls) == 1 {
+		if !on || !c.oneKey || c.k <= 0 || len(calls) == 1 {
 			leads = append(leads, c)
 			continue
 		}

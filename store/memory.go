@@ -64,11 +64,12 @@ type Memory struct {
 }
 
 // A shard keeps its buckets in an open-addressing table of slots (an
-// atomic pointer and the hash of its key), indexed by the key's 64-bit hash (seeded per store): a lookup
-// reads it without a lock, while inserts, removals and resizes take mu. A
-// removed slot holds the tombstone; a resize publishes a new table, and a
-// lookup on the old one can only miss a bucket (then it asks under mu) or
-// find one that is dropped (its rate is 0), never a wrong one.
+// atomic pointer and the hash of its key), indexed by the key's 64-bit hash
+// (seeded per store): a lookup reads it without a lock, while inserts,
+// removals and resizes take mu. A removed slot holds the tombstone; a
+// resize publishes a new table, and a lookup on the old one can only miss a
+// bucket (then it asks under mu) or find one that is dropped (its rate is
+// 0), never a wrong one.
 //
 // Lock order: a shard's mu before a cell's mu. Only TakeAll holds several
 // cells, and it holds the mu of every shard involved first.
