@@ -24,9 +24,10 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// accuracy runs 4 stores (as 4 app servers, each with its own client) on one
-// key, 64 goroutines for d at 100/s burst 50, and returns allowed / ideal.
-func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration) float64 {
+// accuracy runs a store per client (as app servers, each with its own
+// client, made with opts) on one key, 64 goroutines in all for d at 100/s
+// burst 50, and returns allowed / ideal.
+func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration, opts ...store.RedisOption) float64 {
 	t.Helper()
 	lim := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
 	key := fmt.Sprintf("accuracy:%d", time.Now().UnixNano())
@@ -34,9 +35,13 @@ func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration) fl
 	ctx := context.Background()
 	start := time.Now()
 	deadline := start.Add(d)
+	var stores []*store.Redis
+	for _, c := range clients {
+		stores = append(stores, store.NewRedis(c, opts...))
+	}
 	var wg sync.WaitGroup
 	for g := range 64 {
-		s := store.NewRedis(clients[g%len(clients)])
+		s := stores[g%len(stores)] // shared: its goroutines' Takes are batched together
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -78,7 +83,8 @@ func TestAccuracyAcrossServers(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		clients = append(clients, c)
 	}
-	accuracy(t, clients, 5*time.Second)
+	t.Run("default", func(t *testing.T) { accuracy(t, clients, 5*time.Second) })
+	t.Run("coalescing", func(t *testing.T) { accuracy(t, clients, 5*time.Second, store.WithCoalescing(true)) })
 }
 
 func TestAccuracyAcrossServersCluster(t *testing.T) {
