@@ -266,7 +266,7 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	t.Cleanup(func() { cc.Close() })
 
 	const name = "cluster"
-	storeKey := func(subject string) string { return store.DefaultKeyPrefix + "{" + name + ":" + subject + "}" }
+	storeKey := func(subject string) string { return store.DefaultKeyPrefix + name + ":" + subject } // subjects here hold no brace
 	const budget = 100 * time.Millisecond
 	h := faultLimiter(t, store.NewRedis(cc), store.PerSecond(1000),
 		middleware.WithName(name), middleware.WithTimeout(budget),

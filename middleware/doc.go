@@ -37,10 +37,12 @@
 // # Names and keys
 //
 // Each limiter has a name ([WithName], default derived from its limit, such
-// as "100-per-1m"). The store key of a request is "{<name>:<subject>}", so
-// two limiters that key by the same address never share a bucket, and the
-// braces make the whole key a Redis Cluster hash tag (a brace inside a
-// subject, as in a route pattern, cannot pin keys to one slot). The name is
+// as "100-per-1m"). The store key of a request is "<name>:<subject>" (on
+// Redis, "tollgate:<name>:<subject>"), so two limiters that key by the same
+// address never share a bucket. A subject that holds a brace, as a route
+// pattern does, gives "{<name>:<subject>}": the braces make the whole key a
+// Redis Cluster hash tag, so the subject's own cannot pin keys to one
+// slot. The name is
 // also the policy's name in the RateLimit headers: give each limiter on a
 // route its own.
 //

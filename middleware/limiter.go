@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,7 @@ type Limiter struct {
 	cfg      config
 	store    store.Store
 	limit    store.Limit
-	prefix   string   // "{" + name + ":"; see appendKey
+	prefix   string   // name + ":"; see appendKey
 	bound    bool     // apply cfg.timeout to store calls
 	inMemory bool     // the store is a *store.Memory; see keyString
 	peerIP   bool     // the KeyFunc is keyfuncs.PeerIP; see appendKey
@@ -88,7 +89,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.cfg.name == "" {
 		l.cfg.name = DefaultName(limit)
 	}
-	l.prefix = "{" + l.cfg.name + ":"
+	l.prefix = l.cfg.name + ":"
 	_, l.inMemory = s.(*store.Memory) // decides in memory: nothing to wait for
 	l.bound = !l.inMemory
 	// A top-level function has one code pointer, which no other function
@@ -367,24 +368,32 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	l.writeDenied(w, h)
 }
 
-// appendKey appends the store key of r to b: "{<name>:<subject>}". Braces
-// make the whole key a Redis Cluster hash tag. Without them a brace in a
-// subject, as in the route pattern "GET /items/{id}", would become the tag
-// and pin every such key of every limiter to one slot, one node.
+// appendKey appends the store key of r to b: "<name>:<subject>", which the
+// store prefixes ("tollgate:<name>:<subject>"). A subject that holds a
+// brace, as the route pattern "GET /items/{id}" does, is wrapped with the
+// name in braces, "{<name>:<subject>}", which makes the whole of it the
+// Redis Cluster hash tag: the subject's own braces would otherwise become
+// the tag and pin every such key of every limiter to one slot, one node.
 //
-// subject is the KeyFunc's result, or "" for PeerIP, whose key is appended
-// without being allocated first.
+// subject is the KeyFunc's result, or "" for PeerIP, whose key (an address,
+// never a brace) is appended without being allocated first.
 func (l *Limiter) appendKey(b []byte, r *http.Request) (key []byte, subject string, err error) {
-	b = append(b, l.prefix...)
 	if l.peerIP {
+		b = append(b, l.prefix...)
 		b, err = keyfuncs.AppendPeerIP(b, r)
-	} else {
-		subject, err = l.cfg.keyFunc(r)
-		if err == nil && subject == "" {
-			err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
-		}
-		b = append(b, subject...)
+		return b, "", err
 	}
+	subject, err = l.cfg.keyFunc(r)
+	if err == nil && subject == "" {
+		err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
+	}
+	if strings.IndexByte(subject, '{') < 0 {
+		b = append(b, l.prefix...)
+		return append(b, subject...), subject, err
+	}
+	b = append(b, '{')
+	b = append(b, l.prefix...)
+	b = append(b, subject...)
 	return append(b, '}'), subject, err
 }
 

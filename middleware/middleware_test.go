@@ -481,3 +481,38 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 			l.Stats().StoreErrors, hooked.Load(), w.Code, w.Body.String())
 	}
 }
+
+// A request's bucket is the Redis key "<prefix><name>:<subject>"; a subject
+// that holds a brace is wrapped with the name in one, so that its own brace
+// does not become the Cluster hash tag.
+func TestStoreKeyShape(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	for _, tc := range []struct {
+		name, subject string
+		peer          bool
+		want          string
+	}{
+		{name: "api", subject: "key:abc", want: "tollgate:api:key:abc"},
+		{name: "route", subject: "route:GET /items/{id}", want: "tollgate:{route:route:GET /items/{id}}"},
+		{name: "closing", subject: "a}b", want: "tollgate:closing:a}b"},
+		{name: "ip", peer: true, want: "tollgate:ip:ip:192.0.2.1"},
+	} {
+		opts := []middleware.Option{middleware.WithName(tc.name)}
+		if !tc.peer {
+			opts = append(opts, middleware.WithKeyFunc(keyfuncs.Static(tc.subject)))
+		}
+		l := mustNew(t, store.NewRedis(rdb), store.PerMinute(10), opts...)
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = "192.0.2.1:1234"
+		l.Handler(okHandler).ServeHTTP(w, r)
+		if w.Code != http.StatusOK {
+			t.Fatalf("%s: status %d", tc.want, w.Code)
+		}
+		if !mr.Exists(tc.want) {
+			t.Errorf("no Redis key %q; keys: %q", tc.want, mr.Keys())
+		}
+	}
+}

@@ -95,7 +95,8 @@ type config struct {
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
-// store (the store key is "{<name>:<subject>}") and names its policy in the
+// store (the store key is "<name>:<subject>"; see the package doc) and
+// names its policy in the
 // RateLimit headers. The default is derived from the limit, such as
 // "100-per-1m" or "100-per-1m-burst-10". Limiters with the same name on
 // one store share their buckets — which is how one budget spans several
