@@ -231,7 +231,7 @@ func TestRefundFailedLogins(t *testing.T) {
 				t.Fatalf("bob's success: %d", w.Code)
 			}
 		}
-		res, err := s.Take(context.Background(), "{login:user:bob}", store.PerMinute(5), 0)
+		res, err := s.Take(context.Background(), "login:user:bob", store.PerMinute(5), 0)
 		if err != nil || res.Remaining != 5 {
 			t.Errorf("bob's bucket after 10 successes: %+v, %v; want full (5)", res, err)
 		}
