@@ -246,7 +246,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		return
 	}
 	if subject == "" && l.hooks {
-		subject = string(key[len(l.prefix) : len(key)-1])
+		subject = string(key[len(l.prefix):]) // PeerIP: "<name>:<address>", never wrapped
 	}
 	if c.allowKeys != nil && c.allowKeys[subject] {
 		keyBufs.Put(kb)

@@ -516,3 +516,17 @@ func TestStoreKeyShape(t *testing.T) {
 		}
 	}
 }
+
+// Hooks get the subject of a request keyed by the peer's address, and an
+// allow-listed key matches it.
+func TestPeerIPSubjectInHooks(t *testing.T) {
+	var got string
+	l := mustNew(t, store.NewMemory(), store.PerMinute(10),
+		middleware.WithOnAllowed(func(_ *http.Request, d middleware.Decision) { got = d.Key }))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	l.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), r)
+	if got != "ip:192.0.2.1" {
+		t.Errorf("Decision.Key = %q, want %q", got, "ip:192.0.2.1")
+	}
+}
