@@ -233,7 +233,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if err != nil {
 		keyBufs.Put(kb)
-		l.refuseUnrated(w, r, fmt.Errorf("middleware: %s: key: %w", c.name, err))
+		l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", c.name, err))
 		return
 	}
 	cost := 1
@@ -242,7 +242,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if cost < 0 || cost > l.limit.Burst {
 		keyBufs.Put(kb)
-		l.refuseUnrated(w, r, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, c.name, cost, l.limit.Burst))
+		l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, c.name, cost, l.limit.Burst))
 		return
 	}
 	if subject == "" && l.hooks {
@@ -542,13 +542,19 @@ func (l *Limiter) problemDocument() []byte {
 		`"status":429,"violated-policies":[` + name + `]}`)
 }
 
-// refuseUnrated answers a request the limiter cannot rate.
-func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, err error) {
+// refuseUnrated answers a request the limiter cannot rate: it counts and
+// reports err, then refuses the request, or serves it with next in dry-run
+// mode, which never refuses.
+func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
 	if l.cfg.onError != nil {
 		l.cfg.onError(r, err)
 	}
-	l.observe(Event{Kind: EventError, Err: err})
+	l.observe(Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})
+	if l.cfg.dryRun {
+		next.ServeHTTP(w, r)
+		return
+	}
 	if l.cfg.keyError != nil {
 		l.cfg.keyError(w, r, err)
 		return

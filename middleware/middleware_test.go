@@ -297,6 +297,41 @@ func TestDryRunNeverRefuses(t *testing.T) {
 	}
 }
 
+// Dry-run serves, and counts, the requests the limiter cannot rate too: a
+// KeyFunc error or a cost above Burst, in a Limiter and in a Multi.
+func TestDryRunServesUnrated(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	noKey := middleware.WithKeyFunc(keyfuncs.Header("X-Api-Key"))
+	tooDear := middleware.WithCost(func(*http.Request) int { return 100 })
+	for _, tc := range []struct {
+		name string
+		opt  middleware.Option
+	}{{"key error", noKey}, {"cost above burst", tooDear}} {
+		var errs atomic.Int64
+		opts := []middleware.Option{middleware.WithDryRun(true), tc.opt,
+			middleware.WithOnError(func(*http.Request, error) { errs.Add(1) })}
+		l := mustNew(t, m, store.PerMinute(3), opts...)
+		multi, err := middleware.NewMulti(m, []middleware.Policy{{Name: "p", Limit: store.PerMinute(3)}}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, h := range map[string]http.Handler{"Limiter": l.Handler(okHandler), "Multi": multi.Handler(okHandler)} {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			if w.Code != http.StatusOK {
+				t.Errorf("%s, %s, dry-run: status %d, want 200", name, tc.name, w.Code)
+			}
+		}
+		if errs.Load() != 2 {
+			t.Errorf("%s: %d errors reported, want 2 (one per middleware)", tc.name, errs.Load())
+		}
+		if l.Stats().KeyErrors != 1 {
+			t.Errorf("%s: Stats().KeyErrors = %d, want 1", tc.name, l.Stats().KeyErrors)
+		}
+	}
+}
+
 func TestSkipBeforeStore(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()

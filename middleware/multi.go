@@ -210,7 +210,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	for i := range p.policies {
 		pol := &p.policies[i]
 		if cost < 0 || cost > pol.limit.Burst {
-			l.refuseUnrated(w, r, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, cost, pol.limit.Burst))
+			l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, cost, pol.limit.Burst))
 			return
 		}
 		subject, err := pol.key(r)
@@ -218,7 +218,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
 		}
 		if err != nil {
-			l.refuseUnrated(w, r, fmt.Errorf("middleware: %s: key: %w", pol.name, err))
+			l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", pol.name, err))
 			return
 		}
 		if c.allowKeys != nil && c.allowKeys[subject] {
