@@ -455,7 +455,10 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 // Limit its bucket was made for, takes no lock at all (decideFast).
 func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 	if len(key) > maxKeyLen {
-		key = hashKey(key)
+		// Hashed on the stack: a bucket that keeps the key copies it.
+		var b [maxHashedKey]byte
+		h := appendHashKey(b[:0], key)
+		key = unsafe.String(unsafe.SliceData(h), len(h))
 	}
 	now := m.nowUs() // read outside any lock: the clock is the slowest step
 	h := maphash.String(m.seed, key)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,12 +19,16 @@ func TestMemoryNoAllocsOnKnownKey(t *testing.T) {
 	defer m.Close()
 	ctx := context.Background()
 	lim := store.PerSecond(1_000_000)
-	m.Take(ctx, "known", lim, 1)
-	allocs := testing.AllocsPerRun(1000, func() {
-		m.Take(ctx, "known", lim, 1)
-	})
-	if allocs != 0 {
-		t.Errorf("Take on a known key: %v allocs, want 0", allocs)
+	// Keys longer than 128 bytes are hashed, with or without a hash tag.
+	long := strings.Repeat("x", 300)
+	for _, key := range []string{"known", long, "{tag}" + long} {
+		m.Take(ctx, key, lim, 1)
+		allocs := testing.AllocsPerRun(1000, func() {
+			m.Take(ctx, key, lim, 1)
+		})
+		if allocs != 0 {
+			t.Errorf("Take on a known key of %d bytes: %v allocs, want 0", len(key), allocs)
+		}
 	}
 }
 
