@@ -56,6 +56,9 @@ type Redis struct {
 	ctxDeadlines bool
 	// cluster is the client when it is a Cluster client: see take.
 	cluster *redis.ClusterClient
+	// slotsLoaded is true once the Cluster client has answered a slot
+	// lookup: see masterFor.
+	slotsLoaded atomic.Bool
 }
 
 var errNilClient = errors.New("NewRedis was given a nil client")
@@ -347,8 +350,11 @@ func (r *Redis) exec(ctx context.Context, c *call) (err error, abandoned bool) {
 	if r.pipelines > 0 {
 		b := r.single1
 		if r.cluster != nil {
-			node, err := r.cluster.MasterForKey(ctx, c.keys[0])
+			node, err := r.masterFor(ctx, c.keys[0], direct)
 			if err != nil { // no slot map yet, or no master for the slot
+				if ctx.Err() != nil {
+					return fmt.Errorf("store: take %q: %w", c.key, ctx.Err()), false
+				}
 				return r.bounded(ctx, c, direct)
 			}
 			b = r.nodeBatcher(node)
@@ -356,6 +362,35 @@ func (r *Redis) exec(ctx context.Context, c *call) (err error, abandoned bool) {
 		return b.do(ctx, c, direct)
 	}
 	return r.bounded(ctx, c, direct)
+}
+
+// masterFor returns the Cluster master that serves key. Until the Cluster
+// client has loaded its slot map, a lookup asks a node for it, which waits
+// for the client's own timeouts rather than ctx's deadline unless direct:
+// such a lookup runs on another goroutine, and masterFor returns when ctx
+// ends. Once the map is loaded, lookups read it and never wait.
+func (r *Redis) masterFor(ctx context.Context, key string, direct bool) (*redis.Client, error) {
+	if direct || r.slotsLoaded.Load() {
+		return r.cluster.MasterForKey(ctx, key)
+	}
+	type answer struct {
+		node *redis.Client
+		err  error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		node, err := r.cluster.MasterForKey(context.WithoutCancel(ctx), key)
+		if err == nil {
+			r.slotsLoaded.Store(true)
+		}
+		ch <- answer{node, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.node, a.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // bounded runs c on this goroutine when direct, else on another one, and

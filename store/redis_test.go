@@ -222,6 +222,42 @@ func TestRedisTakeReturnsByDeadline(t *testing.T) {
 	}
 }
 
+// A Cluster client that has not loaded its slot map yet asks a node for it
+// on the first Take; with every node hung, that Take still returns by its
+// deadline, with batching or without, and so does the next.
+func TestRedisClusterFirstTakeReturnsByDeadline(t *testing.T) {
+	cl := redistest.Cluster(t)
+	if cl.External {
+		t.Skip("needs a Cluster of its own to pause")
+	}
+	for _, n := range cl.Nodes {
+		n.Pause()
+	}
+	defer func() {
+		for _, n := range cl.Nodes {
+			n.Resume()
+		}
+	}()
+	for _, pipelines := range []int{store.DefaultBatchPipelines, 0} {
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: time.Second})
+		defer client.Close()
+		s := store.NewRedis(client, store.WithBatching(pipelines))
+		for range 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			start := time.Now()
+			_, err := s.Take(ctx, "k", store.PerSecond(1), 1)
+			elapsed := time.Since(start)
+			cancel()
+			if err == nil {
+				t.Fatal("Take on a hung Cluster succeeded")
+			}
+			if elapsed > 150*time.Millisecond {
+				t.Errorf("batching %d: Take with a 50ms deadline returned after %v (%v)", pipelines, elapsed, err)
+			}
+		}
+	}
+}
+
 // panicHook makes every command panic, like a broken client hook.
 type panicHook struct{}
 
