@@ -206,9 +206,12 @@ func (r *Redis) takeCall(ctx context.Context, key string, b *boxed, cost int) *c
 // fails, the tokens taken by the earlier calls are given back (a refund
 // call), and the buckets of the tags not asked yet are read without taking.
 // If that refund cannot be made (Redis failing between the calls), the
-// earlier tokens stay taken: the error is returned and the limit errs on
-// the strict side, never the loose one. On a single node or Sentinel
-// client, all requests are one call whatever their keys.
+// earlier tokens stay taken, and the limit errs on the strict side, never
+// the loose one. TakeAll returns by ctx's deadline: refunds still due then
+// are made in the background (each call within 100 ms), and the buckets of
+// the tags not asked are read only while ctx lasts (otherwise their Results
+// hold only their Limit). On a single node or Sentinel client, all
+// requests are one call whatever their keys.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs)
 	if err != nil {
@@ -225,7 +228,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	var taken [][]int
 	for gi, g := range groups {
 		if err := r.group(ctx, reqs, ps, g, out, 1); err != nil {
-			r.giveBack(ctx, reqs, ps, taken, out)
+			r.giveBackBy(ctx, reqs, ps, taken, out)
 			return nil, err
 		}
 		if out[g[0]].Allowed {
@@ -233,14 +236,16 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			continue
 		}
 		// Denied: give back what the earlier groups took, and read the
-		// buckets of the groups not asked. The denial stands whatever
-		// happens to these calls.
-		r.giveBack(ctx, reqs, ps, taken, out)
+		// buckets of the groups not asked, by the caller's deadline. The
+		// denial stands whatever happens to these calls.
+		r.giveBackBy(ctx, reqs, ps, taken, out)
 		for _, rest := range groups[gi+1:] {
 			for _, i := range rest {
 				out[i] = Result{Limit: reqs[i].Limit}
 			}
-			r.afterDenial(ctx, func(ctx context.Context) error { return r.group(ctx, reqs, ps, rest, out, 0) })
+			if ctx.Err() == nil {
+				r.group(ctx, reqs, ps, rest, out, 0)
+			}
 			for _, i := range rest {
 				// Read, not asked: when would this bucket hold its cost?
 				full := time.Duration(ps[i].times(ps[i].burst-int64(reqs[i].Cost)).ceil()) * time.Microsecond
@@ -255,8 +260,8 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	return out, nil
 }
 
-// giveBackTimeout bounds the calls that follow a denial by a later group of
-// a TakeAll: they run even when the caller's deadline has passed.
+// giveBackTimeout bounds each refund that follows a denial by a later group
+// of a TakeAll: refunds run even when the caller's deadline has passed.
 const giveBackTimeout = 100 * time.Millisecond
 
 // afterDenial runs f under its own short deadline, not the caller's.
@@ -331,15 +336,38 @@ func (r *Redis) finish(ctx context.Context, c *call, reqs []Request, g []int, ou
 	return err
 }
 
-// giveBack refunds the tokens the groups in taken took, and writes their
-// buckets as they then stand into out.
-func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int, out []Result) error {
-	for _, g := range taken {
-		if err := r.afterDenial(ctx, func(ctx context.Context) error { return r.group(ctx, reqs, ps, g, out, -1) }); err != nil {
-			return fmt.Errorf("store: take all: giving back the tokens taken before a denial: %w", err)
-		}
+// giveBackBy refunds the tokens the groups in taken took, on another
+// goroutine, each call under its own short deadline (see afterDenial): the
+// refunds are made even when the caller's deadline passes first. It
+// returns when they are done, and then writes the buckets as they stand
+// into out, or when ctx ends, leaving out as it is (those buckets then read
+// emptier than they are, by what the refunds give back).
+func (r *Redis) giveBackBy(ctx context.Context, reqs []Request, ps []params, taken [][]int, out []Result) {
+	if len(taken) == 0 {
+		return
 	}
-	return nil
+	after := make([]Result, len(out))
+	given := make(chan int, 1)
+	go func() {
+		n := 0
+		for _, g := range taken {
+			err := r.afterDenial(ctx, func(ctx context.Context) error { return r.group(ctx, reqs, ps, g, after, -1) })
+			if err != nil {
+				break // the rest stay taken: strict, never loose
+			}
+			n++
+		}
+		given <- n
+	}()
+	select {
+	case n := <-given:
+		for _, g := range taken[:n] {
+			for _, i := range g {
+				out[i] = after[i]
+			}
+		}
+	case <-ctx.Done():
+	}
 }
 
 // exec runs c: through the batcher of its node, or alone. abandoned is true

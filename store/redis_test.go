@@ -258,6 +258,75 @@ func TestRedisClusterFirstTakeReturnsByDeadline(t *testing.T) {
 	}
 }
 
+// A TakeAll across two Cluster masters returns by its deadline when the
+// second master hangs: whether the first tag was denied (the second is then
+// only read) or allowed (its tokens are then given back, in the background
+// if need be).
+func TestRedisTakeAllAcrossMastersReturnsByDeadline(t *testing.T) {
+	cl := redistest.Cluster(t)
+	if cl.External {
+		t.Skip("needs a Cluster of its own to pause")
+	}
+	client := cl.Client(t)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"))
+	ctx := context.Background()
+	lim := store.PerMinute(1)
+	// twoKeys returns keys on two different masters, and the second's.
+	twoKeys := func(round string) (k1, k2 string, second *redistest.Instance) {
+		k1 = "{" + round + "-a}x"
+		for _, tag := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+			k2 = "{" + round + "-" + tag + "}y"
+			if m := cl.MasterFor(s.Key(k2)); m != cl.MasterFor(s.Key(k1)) {
+				return k1, k2, m
+			}
+		}
+		t.Fatal("no two keys on different masters")
+		return
+	}
+	for _, tc := range []struct {
+		round       string
+		firstDenied bool
+	}{{"denied", true}, {"refund", false}} {
+		k1, k2, second := twoKeys(tc.round)
+		if tc.firstDenied {
+			if _, err := s.Take(ctx, k1, lim, 1); err != nil { // empties k1
+				t.Fatal(err)
+			}
+		}
+		second.Pause()
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		start := time.Now()
+		res, err := s.TakeAll(tctx, []store.Request{{Key: k1, Limit: lim, Cost: 1}, {Key: k2, Limit: lim, Cost: 1}})
+		elapsed := time.Since(start)
+		cancel()
+		second.Resume()
+		// Calls after a denial ran under a deadline of their own, 100 ms.
+		if elapsed > 90*time.Millisecond {
+			t.Errorf("%s: TakeAll with a 30ms deadline returned after %v (%+v, %v)", tc.round, elapsed, res, err)
+		}
+		if tc.firstDenied && (err != nil || res[0].Allowed || res[1].Allowed) {
+			t.Errorf("%s: TakeAll = %+v, %v; want both denied", tc.round, res, err)
+		}
+		if !tc.firstDenied {
+			if err == nil {
+				t.Errorf("%s: TakeAll on a hung master = %+v; want an error", tc.round, res)
+			}
+			// The first tag's token comes back, though the caller has gone.
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				r, err := s.Take(ctx, k1, lim, 0)
+				if err == nil && r.Remaining == lim.Burst {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %s after the failed TakeAll: %+v, %v; want its token given back", tc.round, k1, r, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
 // panicHook makes every command panic, like a broken client hook.
 type panicHook struct{}
 
