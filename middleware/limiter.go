@@ -519,13 +519,19 @@ var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-A
 
 // writeDenied writes the default refusal, h being w's header.
 func (l *Limiter) writeDenied(w http.ResponseWriter, h http.Header) {
+	l.writeDeniedAs(w, h, l.problem)
+}
+
+// writeDeniedAs writes the default refusal with problem as its
+// application/problem+json body, when the limiter writes one.
+func (l *Limiter) writeDeniedAs(w http.ResponseWriter, h http.Header, problem []byte) {
 	// The three fields in one allocation, under the canonical keys that
 	// Header.Set would compute. They are this response's own: code after
 	// us may write into them.
 	v := &[3]string{"no-store", "nosniff", "text/plain; charset=utf-8"}
 	body := deniedBody
 	if l.problem != nil {
-		v[2], body = "application/problem+json", l.problem
+		v[2], body = "application/problem+json", problem
 	}
 	h["Cache-Control"] = v[0:1:1]
 	h["X-Content-Type-Options"] = v[1:2:2]
@@ -535,8 +541,12 @@ func (l *Limiter) writeDenied(w http.ResponseWriter, h http.Header) {
 }
 
 // problemDocument is the RFC 9457 body of a denial.
-func (l *Limiter) problemDocument() []byte {
-	name := strconv.Quote(l.cfg.name) // printable ASCII: a valid JSON string
+func (l *Limiter) problemDocument() []byte { return problemDocument(l.cfg.name) }
+
+// problemDocument is the RFC 9457 body of a denial by the policy named
+// policy.
+func problemDocument(policy string) []byte {
+	name := strconv.Quote(policy) // printable ASCII: a valid JSON string
 	return []byte(`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",` +
 		`"title":"Request cannot be satisfied as assigned quota has been exceeded",` +
 		`"status":429,"violated-policies":[` + name + `]}`)

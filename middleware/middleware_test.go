@@ -377,6 +377,32 @@ func TestProblemDetails(t *testing.T) {
 	wantHeader(t, &http.Response{Header: w.Header()}, "RateLimit", `"login \"strict\"";r=0;t=60`)
 }
 
+// A Multi's problem document names the policy that refused the request.
+func TestProblemDetailsNameMultiPolicy(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	mu, err := middleware.NewMulti(m, []middleware.Policy{
+		{Name: "roomy", Limit: store.PerMinute(100)},
+		{Name: "strict", Limit: store.PerMinute(1)},
+	}, middleware.WithProblemDetails())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mu.Handler(okHandler)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	var doc struct {
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &doc); err != nil || w.Code != 429 {
+		t.Fatalf("status %d, body %q: %v", w.Code, w.Body.String(), err)
+	}
+	if len(doc.Violated) != 1 || doc.Violated[0] != "strict" {
+		t.Errorf("violated-policies %q, want [strict]", doc.Violated)
+	}
+}
+
 func TestCustomDeniedHandler(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()

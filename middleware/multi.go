@@ -81,6 +81,9 @@ type policy struct {
 	local  store.Limit // FailLocal's share
 	key    keyfuncs.KeyFunc
 	prefix string // "<tier>/<name>:{"
+	// problem is the application/problem+json body of a denial by this
+	// policy, when the middleware writes one.
+	problem []byte
 }
 
 // NewMulti returns middleware that enforces every one of policies on each
@@ -151,7 +154,7 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	if strings.Contains(name, "/") {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: '/' is not allowed (it separates tier and policy)", tier, name)
 	}
-	q := policy{name: name, event: name, limit: p.Limit, key: p.Key, prefix: name + ":{"}
+	q := policy{name: name, event: name, limit: p.Limit, key: p.Key, prefix: name + ":{", problem: problemDocument(name)}
 	if tier != "" {
 		q.prefix = tier + "/" + q.prefix
 		q.event = tier + "/" + name
@@ -360,7 +363,7 @@ func (m *Multi) respond(w http.ResponseWriter, r *http.Request, next http.Handle
 		c.denied(w, r, res[max(violated, 0)])
 		return
 	}
-	l.writeDenied(w, h)
+	l.writeDeniedAs(w, h, p.policies[max(violated, 0)].problem)
 }
 
 // refund gives every policy's tokens back, one call per policy.
