@@ -348,6 +348,7 @@ func (r *Redis) giveBackBy(ctx context.Context, reqs []Request, ps []params, tak
 	}
 	after := make([]Result, len(out))
 	given := make(chan int, 1)
+	reqs = slices.Clone(reqs) // the caller may reuse its slice once TakeAll returns
 	go func() {
 		n := 0
 		for _, g := range taken {
