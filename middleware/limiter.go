@@ -63,6 +63,11 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if s == nil {
 		return nil, errors.New("middleware: nil store")
 	}
+	if v, ok := s.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil { // a store that cannot decide anything
+			return nil, fmt.Errorf("middleware: %w", err)
+		}
+	}
 	if err := limit.Validate(); err != nil {
 		return nil, fmt.Errorf("middleware: %w", err)
 	}

@@ -591,3 +591,14 @@ func TestPeerIPSubjectInHooks(t *testing.T) {
 		t.Errorf("Decision.Key = %q, want %q", got, "ip:192.0.2.1")
 	}
 }
+
+// A store that cannot decide anything is a constructor error, not a
+// limiter whose every request meets the failure policy.
+func TestNewRefusesRedisWithoutClient(t *testing.T) {
+	if _, err := middleware.New(store.NewRedis(nil), store.PerSecond(1)); err == nil {
+		t.Error("New(store.NewRedis(nil)) = nil error; want one")
+	}
+	if _, err := middleware.NewMulti(store.NewRedis(nil), []middleware.Policy{{Limit: store.PerSecond(1)}}); err == nil {
+		t.Error("NewMulti(store.NewRedis(nil)) = nil error; want one")
+	}
+}

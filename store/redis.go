@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -108,10 +109,30 @@ func WithCoalescing(on bool) RedisOption {
 	return func(r *Redis) { r.coalesce = on }
 }
 
+// Validate returns an error when the store cannot decide anything: it was
+// given a nil client. Every Take then fails with that error;
+// middleware.New refuses such a store.
+func (r *Redis) Validate() error {
+	if r.client == nil {
+		return fmt.Errorf("store: %w", errNilClient)
+	}
+	return nil
+}
+
+func isNilClient(c redis.UniversalClient) bool {
+	if c == nil {
+		return true
+	}
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines}
-	if client != nil { // a nil client is an error from every Take, not a panic
+	// A nil client, or a nil pointer in the interface, leaves r.client nil:
+	// an error from every Take and from Validate, not a panic.
+	if !isNilClient(client) {
 		r.client, r.ctxDeadlines = client, honorsDeadlines(client)
 		r.cluster, _ = client.(*redis.ClusterClient)
 	}

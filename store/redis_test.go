@@ -341,9 +341,15 @@ func (panicHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPip
 func TestRedisTakeNeverPanics(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	r, err := store.NewRedis(nil).Take(ctx, "k", store.PerSecond(1), 1)
-	if err == nil || r.Allowed {
-		t.Errorf("Take on a nil client = %+v, %v; want an error", r, err)
+	for _, nilClient := range []redis.UniversalClient{nil, (*redis.Client)(nil), (*redis.ClusterClient)(nil)} {
+		s := store.NewRedis(nilClient)
+		r, err := s.Take(ctx, "k", store.PerSecond(1), 1)
+		if err == nil || r.Allowed {
+			t.Errorf("Take on a nil client (%T) = %+v, %v; want an error", nilClient, r, err)
+		}
+		if s.Validate() == nil {
+			t.Errorf("Validate on a nil client (%T) = nil; want an error", nilClient)
+		}
 	}
 	_, client, _ := newMiniredis(t)
 	client.AddHook(panicHook{})
@@ -351,7 +357,7 @@ func TestRedisTakeNeverPanics(t *testing.T) {
 	// a deadline and a client that ignores it, Take runs the call on a
 	// goroutine of its own: a panic there must come back as an error.
 	for _, n := range []int{store.DefaultBatchPipelines, 0} {
-		r, err = store.NewRedis(client, store.WithBatching(n)).Take(ctx, "k", store.PerSecond(1), 1)
+		r, err := store.NewRedis(client, store.WithBatching(n)).Take(ctx, "k", store.PerSecond(1), 1)
 		if err == nil || !strings.Contains(err.Error(), "panic: hook exploded") {
 			t.Errorf("WithBatching(%d): Take through a panicking hook = %+v, %v; want the panic as an error", n, r, err)
 		}
