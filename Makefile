@@ -7,13 +7,14 @@ PKGS        := ./...
 BENCHCOUNT  ?= 6
 BENCHTIME   ?= 1s
 
-.PHONY: test fmt vet lint race submodules bench benchstat fuzz test-faults
+.PHONY: test fmt vet lint race allocs submodules bench benchstat fuzz test-faults
 
-## test: everything CI runs — formatting, vet, staticcheck, and the race-enabled
-## tests, which start real redis-server processes (a single node and a Cluster);
+## test: everything CI runs — formatting, vet, staticcheck, the race-enabled
+## tests, which start real redis-server processes (a single node and a Cluster),
+## and the allocation tests without the race detector;
 ## the same for the promobserver module, and vet for the bench module (its
 ## benchmarks run with `make bench-peers`).
-test: fmt vet lint race submodules
+test: fmt vet lint race allocs submodules
 
 submodules:
 	cd promobserver && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...
@@ -32,6 +33,13 @@ lint:
 race:
 	$(GO) test -race -count=1 -timeout 10m $(PKGS)
 
+## allocs: the allocation tests, which the race detector skips (it
+## allocates where the code does not).
+ALLOCTESTS := Alloc|TestAppendPeerIP
+allocs:
+	$(GO) test -count=1 -run '$(ALLOCTESTS)' ./middleware ./headers ./keyfuncs ./store
+	cd promobserver && $(GO) test -count=1 -run '$(ALLOCTESTS)' ./...
+
 ## bench: the benchmarks, BENCHCOUNT runs each, into bench.out (benchstat-ready).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) -benchtime $(BENCHTIME) $(PKGS) | tee bench.out
@@ -40,7 +48,8 @@ benchstat: bench
 	$(GO) run $(BENCHSTAT) bench.out
 
 ## bench-peers: tollgate side by side with its peers (bench/, a module of its
-## own, so that the peers never enter go.mod), against a redis-server it
+## own, so that the peers the library does not otherwise need stay out of its
+## go.mod), against a redis-server it
 ## starts; writes BENCHMARKS.md. About 7 minutes on 2 cores.
 .PHONY: bench-peers
 bench-peers:
