@@ -246,12 +246,14 @@ func TestRedisClusterFirstTakeReturnsByDeadline(t *testing.T) {
 		}
 	}()
 	for _, pipelines := range []int{store.DefaultBatchPipelines, 0} {
-		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: time.Second})
-		defer client.Close()
-		s := store.NewRedis(client, store.WithBatching(pipelines))
-		for range 2 {
-			failsWithin(t, s, 50*time.Millisecond, 150*time.Millisecond)
-		}
+		t.Run(fmt.Sprintf("batching=%d", pipelines), func(t *testing.T) {
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: time.Second})
+			t.Cleanup(func() { client.Close() })
+			s := store.NewRedis(client, store.WithBatching(pipelines))
+			for range 2 {
+				failsWithin(t, s, 50*time.Millisecond, 150*time.Millisecond)
+			}
+		})
 	}
 }
 
