@@ -49,6 +49,7 @@ type Memory struct {
 	shards   []memShard
 	mask     uint32
 	seed     maphash.Seed
+	seed64   uintptr // the seed of keyHash on 64-bit platforms
 	shardCap int
 	clock    func() time.Time // nil: the monotonic clock below
 	start    time.Time
@@ -63,11 +64,10 @@ type Memory struct {
 	closeOnce sync.Once
 }
 
-// A shard keeps its buckets in an open-addressing table of slots (an
-// atomic pointer and the hash of its key), indexed by the key's 64-bit hash
-// (seeded per store): a lookup reads it without a lock, while inserts,
-// removals and resizes take mu. A removed slot holds the tombstone; a
-// resize publishes a new table, and a lookup on the old one can only miss a
+// A shard keeps its buckets in an open-addressing table (see cellTable),
+// indexed by the key's 64-bit hash (seeded per store): a lookup reads it
+// without a lock, while inserts, removals and resizes take mu. A resize
+// publishes a new table, and a lookup on the old one can only miss a
 // bucket (then it asks under mu) or find one that is dropped (its rate is
 // 0), never a wrong one.
 //
@@ -81,63 +81,6 @@ type memShard struct {
 	_     [64]byte // keep shards on separate cache lines
 }
 
-type cellTable struct {
-	slots []slot
-	mask  uint64
-}
-
-// A slot holds a bucket, nil, or the tombstone, and the hash of the key it
-// was last given: a lookup skips the buckets of other hashes without
-// reading them, which would cost a cache miss each. h is written before c,
-// and c is read before h; a lookup that reads an h newer than c (the slot
-// was reused in between) can only skip c, which a lookup may (see
-// memShard).
-type slot struct {
-	h atomic.Uint64
-	c atomic.Pointer[cell]
-}
-
-// tombstone marks a slot whose bucket was removed: probes go on past it.
-var tombstone = &cell{}
-
-const minTable = 16
-
-// find returns the bucket of key, whose hash is h, or nil.
-func (t *cellTable) find(h uint64, key string) *cell {
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		s := &t.slots[i]
-		c := s.c.Load()
-		if c == nil {
-			return nil
-		}
-		if s.h.Load() == h && c != tombstone && c.key == key {
-			return c
-		}
-	}
-}
-
-// add puts c in the table, which has room and does not hold c's key, and
-// reports whether it took an empty slot (not a tombstone's).
-func (t *cellTable) add(c *cell) (fresh bool) {
-	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
-		s := &t.slots[i]
-		switch s.c.Load() {
-		case nil:
-			s.h.Store(c.h)
-			s.c.Store(c)
-			return true
-		case tombstone:
-			s.h.Store(c.h)
-			s.c.Store(c)
-			return false
-		}
-	}
-}
-
-func newTable(size int) *cellTable {
-	return &cellTable{slots: make([]slot, size), mask: uint64(size - 1)}
-}
-
 // lookup returns the bucket of key in shard sh, or nil. The caller holds
 // sh.mu.
 func (sh *memShard) lookup(h uint64, key string) *cell {
@@ -145,18 +88,20 @@ func (sh *memShard) lookup(h uint64, key string) *cell {
 }
 
 // add puts c, a bucket whose key the shard does not hold, in the shard,
-// growing its table (or clearing it of tombstones) first when it is three
-// quarters full. The caller holds sh.mu.
+// first rebuilding its table when seven eighths of its slots are used
+// (buckets and tombstones): to the size that leaves it at most 7/16 full,
+// which grows it, clears it of tombstones, or shrinks it. The caller holds
+// sh.mu.
 func (sh *memShard) add(c *cell) {
 	t := sh.table.Load()
-	if 4*(sh.used+1) > 3*len(t.slots) {
-		size := minTable
-		for size < 2*(sh.live+1) {
-			size *= 2 // at most half full after the resize
+	if 8*(sh.used+1) > 7*t.slots() {
+		groups := minTable
+		for 16*(sh.live+1) > 7*groups*groupSlots {
+			groups *= 2
 		}
-		nt := newTable(size)
-		for i := range t.slots {
-			if old := t.slots[i].c.Load(); old != nil && old != tombstone {
+		nt := newTable(groups)
+		for i := range t.slots() {
+			if old := t.at(i); old != nil {
 				nt.add(old)
 			}
 		}
@@ -173,16 +118,8 @@ func (sh *memShard) add(c *cell) {
 // The caller holds sh.mu and c.mu, and claimed c, which stays locked.
 func (sh *memShard) remove(c *cell) {
 	c.b.rate = 0
-	t := sh.table.Load()
-	for i := c.h & t.mask; ; i = (i + 1) & t.mask {
-		switch t.slots[i].c.Load() {
-		case c:
-			t.slots[i].c.Store(tombstone)
-			sh.live--
-			return
-		case nil:
-			return // not there: already removed
-		}
+	if sh.table.Load().remove(c) {
+		sh.live--
 	}
 }
 
@@ -402,6 +339,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		shards:   make([]memShard, n),
 		mask:     uint32(n - 1),
 		seed:     maphash.MakeSeed(),
+		seed64:   uintptr(rand.Uint64()),
 		shardCap: cfg.maxKeys / n,
 		clock:    cfg.clock,
 		start:    time.Now(),
@@ -461,7 +399,7 @@ func (m *Memory) decide(key string, limit Limit, cost int, res *Result) error {
 		key = unsafe.String(unsafe.SliceData(h), len(h))
 	}
 	now := m.nowUs() // read outside any lock: the clock is the slowest step
-	h := maphash.String(m.seed, key)
+	h := m.keyHash(key)
 	sh := m.shardOf(h)
 	res.Limit = limit
 	if c := sh.table.Load().find(h, key); c != nil && c.lp.l == limit {
@@ -623,10 +561,11 @@ func (m *Memory) evict(sh *memShard, now int64) {
 	var victim *cell
 	var victimTat int64
 	freed, seen := 0, 0
-	start := rand.Uint64()
-	for k := uint64(0); k <= t.mask && seen < samples; k++ {
-		c := t.slots[(start+k)&t.mask].c.Load()
-		if c == nil || c == tombstone {
+	n := t.slots()
+	start := rand.IntN(n)
+	for k := 0; k < n && seen < samples; k++ {
+		c := t.at((start + k) % n)
+		if c == nil {
 			continue
 		}
 		seen++
@@ -699,8 +638,8 @@ func (m *Memory) sweep() {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		t := sh.table.Load()
-		for k := range t.slots {
-			if c := t.slots[k].c.Load(); c != nil && c != tombstone {
+		for k := range t.slots() {
+			if c := t.at(k); c != nil {
 				c.mu.Lock()
 				m.claim(c)
 				if c.b.rate != 0 && c.b.full(m.nowUs()) {
@@ -731,6 +670,24 @@ func (m *Memory) nowUs() int64 {
 //
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
+
+// keyHash returns the 64-bit hash of key, seeded per store. On 64-bit
+// platforms it is the runtime's string hash (AES-based where the CPU has
+// it), which hash/maphash.String reaches through wrappers that cost about
+// as much as hashing a short key; elsewhere it is maphash.String.
+func (m *Memory) keyHash(key string) uint64 {
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		return uint64(memhash(unsafe.Pointer(unsafe.StringData(key)), m.seed64, uintptr(len(key))))
+	}
+	return maphash.String(m.seed, key)
+}
+
+// memhash is the runtime's hash of s bytes at p with seed h. The runtime
+// keeps this name for packages that link to it.
+//
+//go:linkname memhash runtime.memhash
+//go:noescape
+func memhash(p unsafe.Pointer, h, s uintptr) uintptr
 
 // shardOf returns the shard of a key whose hash is h. Its top bits choose
 // the shard; the low bits index the shard's table.
@@ -764,7 +721,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		if len(keys[i]) > maxKeyLen {
 			keys[i] = hashKey(keys[i])
 		}
-		hs[i] = maphash.String(m.seed, keys[i])
+		hs[i] = m.keyHash(keys[i])
 		s := uint32(hs[i]>>32) & m.mask
 		if !slices.Contains(idx, s) {
 			idx = append(idx, s)
