@@ -158,7 +158,8 @@ func (r *report) decideMarkdown(b *bytes.Buffer) {
 		"nothing here can drain, so decisions are allowed: at 10⁶/s, burst 10⁶, the in-memory stores, which "+
 		"decide several million times a second, would empty the hot bucket within the run and measure their "+
 		"denial path instead); **denied: 100 per second, burst 100**. Libraries without a burst get the rate per "+
-		"period (see the model above). "+
+		"period (see the model above). Before the in-memory 100,000-key runs, every key is decided once, untimed, "+
+		"so that they measure decisions on known keys rather than making buckets. "+
 		"Cells are the median decisions/s of %d samples, with the ratio to tollgate in the same column in "+
 		"parentheses; allocations, the share of decisions allowed and the share that failed are at 64 "+
 		"goroutines.\n\n", r.cfg.count)
