@@ -58,12 +58,15 @@
 --                        P is not a multiple of R; Q = R/gcd(R, P).
 -- A value that does not parse is treated as a full bucket and replaced; a
 -- value further from full than B*T (left by a larger limit on the same key)
--- is read as an empty bucket; a fraction of another rate is rounded up.
+-- is read as an empty bucket, and written as one by a call it denies, so
+-- that the next call sees what the denial answered; a fraction of another
+-- rate is rounded up.
 --
 -- Invariants:
 --   * c tokens are taken only when all c are there, in every bucket; a
---     denial writes nothing; c = 0 reads the bucket and writes nothing; a
---     refund that fills the bucket deletes its key.
+--     denial writes nothing (but the state left by a larger limit, above);
+--     c = 0 reads the bucket and writes nothing; a refund that fills the
+--     bucket deletes its key.
 --   * Every write sets the key's expiry (PX) to the time until the bucket is
 --     full again, so no key lives without a TTL and a full bucket is no key.
 --   * A fraction of a microsecond is carried exactly: in units of 1/Q (one
@@ -94,6 +97,7 @@ if n == 1 and (na == 2 or na == 3) then
   local now = t[1] * 1000000 + t[2] -- arithmetic converts once; tonumber would twice
   local v = redis.call('GET', KEYS[1])
   local d = 0 -- the debt D = TAT - now, at least 0, in units of 1/Q µs
+  local clamped = false -- D was above cap
   if v then
     local tat, f = nil, 0
     if q then
@@ -124,14 +128,20 @@ if n == 1 and (na == 2 or na == 3) then
       if d < 0 then
         d = 0
       elseif d > cap then
-        d = cap -- left by a larger limit: an empty bucket
+        d, clamped = cap, true -- left by a larger limit: an empty bucket
       end
     end
   end
   local nd = d + k
-  if k > 0 and nd > cap then
-    return -1 - d
+  local denied = k > 0 and nd > cap
+  if denied then
+    if not clamped then
+      return -1 - d
+    end
+    nd = d
   end
+  -- A denial writes the empty bucket a larger limit's state was read as:
+  -- the next call then sees what this one answered.
   if k ~= 0 then
     if nd <= 0 then
       nd = 0
@@ -172,6 +182,9 @@ if n == 1 and (na == 2 or na == 3) then
       end
       redis.call('SET', KEYS[1], state, 'PX', ttl)
     end
+  end
+  if denied then
+    return -1 - d
   end
   return nd
 end
@@ -271,7 +284,8 @@ local function read(v, R, B, c, Tq, Tr, now)
     end
   end
   local cu, cf = times(B, R, Tq, Tr)
-  if not le(du, df, cu, cf) then
+  local clamped = not le(du, df, cu, cf)
+  if clamped then
     du, df = cu, cf -- state left by a larger limit: read as an empty bucket
   end
   local nu, nf, retry = 0, 0, 0
@@ -287,7 +301,7 @@ local function read(v, R, B, c, Tq, Tr, now)
       nu, nf = sub(R, du, df, ku, kf)
     end
   end
-  return du, df, cu, cf, nu, nf, retry
+  return du, df, cu, cf, nu, nf, retry, clamped
 end
 
 -- write stores a bucket's new debt (nu, nf) after taking c (or giving -c
@@ -364,8 +378,8 @@ local state = {}
 local all = true
 for i = 1, n do
   local a = args[i]
-  local du, df, cu, cf, nu, nf, retry = read(redis.call('GET', KEYS[i]), a[1], a[3], a[4], a[5], a[6], now)
-  state[i] = {du, df, cu, cf, nu, nf, retry}
+  local du, df, cu, cf, nu, nf, retry, clamped = read(redis.call('GET', KEYS[i]), a[1], a[3], a[4], a[5], a[6], now)
+  state[i] = {du, df, cu, cf, nu, nf, retry, clamped}
   if retry > 0 then
     all = false
   end
@@ -376,6 +390,11 @@ for i = 1, n do
   local du, df = st[1], st[2]
   if all then
     du, df = write(KEYS[i], a[1], a[4], now, du, df, st[5], st[6])
+  end
+  if st[8] and a[4] > 0 and not all then
+    -- Read as an empty bucket and denied: written as one, so that the
+    -- next call sees what this one answers.
+    write(KEYS[i], a[1], a[4], now, du, df, du, df)
   end
   reply[4 * i - 3] = all and 1 or 0
   reply[4 * i - 2] = remaining(a[1], a[2], a[3], a[5], a[6], st[3], st[4], du, df)

@@ -115,8 +115,12 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 		}
 	}
 	capacity := p.times(p.burst)
-	if !debt.le(capacity) {
-		debt = capacity // state left by a larger limit: read as an empty bucket
+	clamped := !debt.le(capacity)
+	if clamped {
+		// State left by a larger limit: an empty bucket of this one, which
+		// a denial writes, so that the next decision reads what the denial
+		// answered (its RetryAfter holds).
+		debt = capacity
 	}
 	if cost < 0 { // a refund: give -cost tokens back, never above capacity
 		res.Allowed = true
@@ -136,6 +140,9 @@ func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb buc
 		}
 	} else {
 		res.RetryAfter = time.Duration(p.sub(next, capacity).ceil()) * time.Microsecond
+	}
+	if clamped && cost > 0 {
+		nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
 	}
 	// Remaining = floor(A/T) with A = capacity - debt, T = period/rate:
 	// floor((A.u*rate + A.f) / period), in 128 bits. The quotient is at

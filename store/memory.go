@@ -452,8 +452,14 @@ func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full b
 			return false, false
 		}
 		var debt int64 // how far the bucket is from full
+		clamped := false
 		if s > at+1 {
-			debt = min(int64(s-1-at), u.cap) // above cap: a larger limit's state, an empty bucket
+			debt = int64(s - 1 - at)
+			if debt > u.cap {
+				// A larger limit's state: an empty bucket, which a
+				// denial writes (see params.decide).
+				debt, clamped = u.cap, true
+			}
 		}
 		r := debt // the one-key form's reply
 		switch {
@@ -468,7 +474,7 @@ func (m *Memory) decideFast(c *cell, now, cost int64, res *Result) (done, full b
 		}
 		ns := s
 		switch {
-		case r < 0: // denied: nothing changes
+		case r < 0 && !clamped: // denied: nothing changes
 		case debt == 0:
 			ns = 0 // full, as a refund that fills the bucket leaves it
 		case k != 0:
@@ -762,8 +768,11 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		all = all && out[i].Allowed
 	}
 	if !all {
-		// Nothing is taken: describe every bucket as it stands.
+		// Nothing is taken: describe every bucket as it stands. Only the
+		// buckets that denied write, and only the state a larger limit
+		// left, read as an empty bucket (see params.decide).
 		for i, q := range reqs {
+			writes[i] = writes[i] && !out[i].Allowed
 			var cur bucket
 			if cells[i] != nil {
 				cur = cells[i].b
@@ -779,7 +788,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			continue
 		}
 		switch {
-		case all && writes[i]:
+		case writes[i]:
 			c.b = next[i]
 		case all && out[i].ResetAfter == 0:
 			m.shardOf(hs[i]).remove(c)

@@ -171,6 +171,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("TakeAllAcrossTags", func(t *testing.T) { takeAll(t, h, false) })
 	t.Run("TakeAllInvalid", func(t *testing.T) { takeAllInvalid(t, h) })
 	t.Run("Refund", func(t *testing.T) { refund(t, h) })
+	t.Run("SmallerLimit", func(t *testing.T) { smallerLimit(t, h, false) })
+	t.Run("SmallerLimitTakeAll", func(t *testing.T) { smallerLimit(t, h, true) })
 }
 
 func runSequence(t *testing.T, h Harness, seq Sequence) {
@@ -469,5 +471,65 @@ func refund(t *testing.T, h Harness) {
 	}
 	if _, err := s.Refund(ctx, key, store.Limit{}, 1); !errors.Is(err, store.ErrInvalidLimit) {
 		t.Errorf("Refund with an invalid limit = %v; want ErrInvalidLimit", err)
+	}
+}
+
+// smallerLimit: a key drained under a large limit, then decided under a
+// smaller one (a limit lowered while its name stays), is an empty bucket of
+// the smaller limit, and the answers say so consistently: the RetryAfter of
+// a denial is when a Take succeeds, not an instant at which the state the
+// larger limit left still refuses it.
+func smallerLimit(t *testing.T, h Harness, viaTakeAll bool) {
+	s := h.New(t)
+	ctx := context.Background()
+	key := Key(t)
+	large := store.Limit{Rate: 1, Period: time.Hour, Burst: 100} // drained: full again in 100 hours
+	small := store.PerSecond(10)                                 // empty: full again in 1 s
+	take := func(lim store.Limit, cost int) store.Result {
+		t.Helper()
+		if !viaTakeAll {
+			r, err := s.Take(ctx, key, lim, cost)
+			if err != nil {
+				t.Fatalf("Take(%v, cost %d): %v", lim, cost, err)
+			}
+			return r
+		}
+		rs, err := multi(t, s).TakeAll(ctx, []store.Request{{Key: key, Limit: lim, Cost: cost}})
+		if err != nil {
+			t.Fatalf("TakeAll(%v, cost %d): %v", lim, cost, err)
+		}
+		return rs[0]
+	}
+	if r := take(large, 100); !r.Allowed {
+		t.Fatalf("draining the large bucket: %+v", r)
+	}
+	slack := time.Duration(0)
+	if h.Advance == nil {
+		slack = h.Slack
+	}
+	r := take(small, 1)
+	if r.Allowed || r.Remaining != 0 {
+		t.Fatalf("first Take under the smaller limit = %+v; want denied, 0 left", r)
+	}
+	checkDuration(t, 0, "RetryAfter", r.RetryAfter, 100*ms, slack)
+	checkDuration(t, 0, "ResetAfter", r.ResetAfter, time.Second, slack)
+	// A read agrees, and so does a second denial.
+	if r := take(small, 0); r.Remaining != 0 {
+		t.Errorf("read under the smaller limit = %+v; want 0 left", r)
+	} else {
+		checkDuration(t, 1, "ResetAfter", r.ResetAfter, time.Second, slack)
+	}
+	if r := take(small, 1); r.Allowed {
+		t.Errorf("second Take under the smaller limit = %+v; want denied", r)
+	} else {
+		checkDuration(t, 2, "RetryAfter", r.RetryAfter, 100*ms, slack)
+	}
+	if h.Advance != nil {
+		h.Advance(r.RetryAfter)
+	} else {
+		time.Sleep(r.RetryAfter + slack)
+	}
+	if r := take(small, 1); !r.Allowed {
+		t.Errorf("Take once RetryAfter has passed = %+v; want allowed", r)
 	}
 }
