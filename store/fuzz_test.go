@@ -110,7 +110,9 @@ func TestMemoryAndRedisAgree(t *testing.T) {
 
 // One key decided under two limits: a fraction of a microsecond carries
 // over exactly when both limits count it in the same unit (rate/period in
-// lowest terms), and is rounded up otherwise — the same on both stores.
+// lowest terms), and is rounded up otherwise; a state further from full
+// than the second limit's capacity is its empty bucket, which a denial
+// writes — the same on both stores.
 func TestMemoryAndRedisAgreeAcrossLimits(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -121,6 +123,8 @@ func TestMemoryAndRedisAgreeAcrossLimits(t *testing.T) {
 		{"same rate, other unit", store.Limit{Rate: 4, Period: 6 * time.Microsecond, Burst: 9}, store.Limit{Rate: 4, Period: 5 * time.Microsecond, Burst: 9}},
 		{"fraction, then whole", store.Limit{Rate: 3, Period: time.Second, Burst: 5}, store.PerSecond(5)},
 		{"whole, then fraction", store.PerSecond(5), store.Limit{Rate: 3, Period: time.Second, Burst: 5}},
+		{"larger, then smaller", store.Limit{Rate: 1, Period: time.Hour, Burst: 9}, store.PerSecond(5)},
+		{"larger, then smaller, fractions", store.Limit{Rate: 3, Period: time.Hour, Burst: 5}, store.Limit{Rate: 3, Period: time.Second, Burst: 2}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tw := newTwin(t)
