@@ -100,7 +100,8 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	// A top-level function has one code pointer, which no other function
 	// shares: this is PeerIP itself, whichever way it was given.
 	l.peerIP = reflect.ValueOf(l.cfg.keyFunc).Pointer() == reflect.ValueOf(keyfuncs.PeerIP).Pointer()
-	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil
+	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil ||
+		l.cfg.allowNets != nil
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
@@ -226,7 +227,8 @@ const maxPooledKey = 1024
 
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
-	if (c.skip != nil && c.skip(r)) || c.allowedAddr(r) {
+	allowed, resolved := c.allowedResolved(r)
+	if (c.skip != nil && c.skip(r)) || allowed {
 		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
@@ -253,7 +255,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	if subject == "" && l.hooks {
 		subject = string(key[len(l.prefix):]) // PeerIP: "<name>:<address>", never wrapped
 	}
-	if c.allowKeys != nil && c.allowKeys[subject] {
+	if (c.allowKeys != nil && c.allowKeys[subject]) || (!resolved && c.allowedBySubject(r, subject)) {
 		keyBufs.Put(kb)
 		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
 		next.ServeHTTP(w, r)

@@ -193,11 +193,13 @@ func (m *Multi) BreakerState() BreakerState { return m.base.BreakerState() }
 func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	l := m.base
 	c := &l.cfg
-	if (c.skip != nil && c.skip(r)) || c.allowedAddr(r) {
+	allowed, resolved := c.allowedResolved(r)
+	if (c.skip != nil && c.skip(r)) || allowed {
 		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
 	}
+	byPeer := !resolved // no policy keyed by address: match the TCP peer
 	p := m.def
 	if m.of != nil {
 		if q, ok := m.plans[m.of(r)]; ok {
@@ -224,13 +226,22 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", pol.name, err))
 			return
 		}
-		if c.allowKeys != nil && c.allowKeys[subject] {
+		allowedAddr := false
+		if p, ok := subjectPrefix(subject); ok && !resolved && !p.Contains(peerAddr(r)) {
+			allowedAddr, byPeer = c.allowedPrefix(p), false
+		}
+		if (c.allowKeys != nil && c.allowKeys[subject]) || allowedAddr {
 			l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
 			next.ServeHTTP(w, r)
 			return
 		}
 		subjects[i] = subject
 		reqs[i] = store.Request{Key: pol.prefix + subject + "}", Limit: pol.limit, Cost: cost}
+	}
+	if byPeer && c.allowedPeer(r) {
+		l.observe(Event{Kind: EventSkipped})
+		next.ServeHTTP(w, r)
+		return
 	}
 
 	start := time.Now()

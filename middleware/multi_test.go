@@ -501,3 +501,68 @@ func TestAllowListParsing(t *testing.T) {
 		}
 	}
 }
+
+// Behind a load balancer, the allow-list's networks match the client that
+// the key function finds through the trusted proxies, not the balancer:
+// an entry for the balancer's own network must not let every client
+// through. A client keyed by an IPv6 /64 is allow-listed only by an entry
+// that holds its whole /64.
+func TestAllowListBehindProxy(t *testing.T) {
+	clientIP, err := keyfuncs.ClientIP(keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.FromXForwardedFor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := func(r *http.Request) (string, error) { return "route:" + r.URL.Path, nil }
+	for _, kc := range []struct {
+		name string
+		fn   keyfuncs.KeyFunc
+	}{
+		{"ClientIP", clientIP},
+		{"Join(ClientIP, route)", keyfuncs.Join(clientIP, route)},
+	} {
+		cs := &multiCounting{Memory: store.NewMemory()}
+		defer cs.Close()
+		opts := []middleware.Option{middleware.WithAllowList("10.0.0.0/8", "2001:db8:1::/48", "2001:db8:9:9::5"),
+			middleware.WithKeyFunc(kc.fn)}
+		l := mustNew(t, cs, store.PerMinute(1), opts...)
+		m, err := middleware.NewMulti(cs, []middleware.Policy{{Limit: store.PerMinute(1)}}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, h := range map[string]http.Handler{"Limiter": l.Handler(okHandlerFunc), "Multi": m.Handler(okHandlerFunc)} {
+			for _, tc := range []struct {
+				remote, xff string
+				allowed     bool
+			}{
+				{"10.0.0.1:5000", "203.0.113.5", false},     // a client behind the balancer
+				{"10.0.0.1:5000", "10.20.30.40", true},      // an internal client behind it
+				{"10.0.0.1:5000", "2001:db8:1:2::5", true},  // its /64 is inside the /48
+				{"10.0.0.1:5000", "2001:db8:9:9::5", false}, // a /128 entry does not hold its /64
+				{"10.9.9.9:5000", "", true},                 // the peer itself, no header
+				{"192.0.2.7:5000", "10.20.30.40", false},    // an untrusted peer's header is ignored
+				{"[2001:db8:9:9::5]:5000", "", true},        // the peer is the client: matched exactly
+			} {
+				name := fmt.Sprintf("%s/%s/%s via %s", kc.name, name, tc.xff, tc.remote)
+				before := cs.n.Load()
+				codes := make([]int, 2)
+				for i := range codes {
+					req := httptest.NewRequest(http.MethodGet, "/x", nil)
+					req.RemoteAddr = tc.remote
+					if tc.xff != "" {
+						req.Header.Set("X-Forwarded-For", tc.xff)
+					}
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, req)
+					codes[i] = w.Code
+				}
+				asked := cs.n.Load() > before
+				switch {
+				case tc.allowed && (asked || codes[1] != 200):
+					t.Errorf("%s: codes %v, store asked %v; want allow-listed", name, codes, asked)
+				case !tc.allowed && codes[1] != http.StatusTooManyRequests:
+					t.Errorf("%s: codes %v, store asked %v; want limited (second request 429)", name, codes, asked)
+				}
+			}
+		}
+	}
+}

@@ -441,10 +441,19 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 
 // WithAllowList lets requests through without asking the store: each entry
 // is either an IP address or a CIDR prefix ("10.0.0.0/8", "2001:db8::1"),
-// matched against the client's address — the one [keyfuncs.ClientIPMiddleware]
-// resolved, else the TCP peer —, or a key, matched exactly against the
-// subject the key function returns ("user:admin", "key:…"). Allow-listed
-// requests get no rate-limit headers and are reported as skipped.
+// matched against the client's address, or a key, matched exactly against
+// the subject the key function returns ("user:admin", "key:…").
+// Allow-listed requests get no rate-limit headers and are reported as
+// skipped.
+//
+// The client's address is the one [keyfuncs.ClientIPMiddleware] resolved;
+// else, when the key function keys by address ([keyfuncs.ClientIP],
+// [keyfuncs.PeerIP], alone or first in [keyfuncs.Join]), the address it
+// found through the trusted proxies, or the prefix it grouped it in, which
+// an entry must then hold whole (an IPv6 client keyed by its /64 is not
+// matched by a /128 entry); else the TCP peer. Behind a load balancer,
+// key by ClientIP or run ClientIPMiddleware: with any other key function an
+// entry is matched against the balancer's address.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -497,27 +506,95 @@ func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 	return p.Masked(), true, nil
 }
 
-// allowedAddr reports whether r's client address is allow-listed.
-func (c *config) allowedAddr(r *http.Request) bool {
+// The allow-list's networks are matched against the client's address,
+// taken from the first of these that has one:
+//
+//  1. the address keyfuncs.ClientIPMiddleware resolved (allowedResolved,
+//     before the key is built);
+//  2. the subject, when the key function keys by address (an "ip:" key of
+//     PeerIP, PeerIPPrefix or ClientIP, alone or first in a Join): the
+//     address the key function resolved through trusted proxies, or the
+//     prefix it grouped it in, which an entry must hold whole — unless the
+//     prefix holds the TCP peer, which is then the client (step 3);
+//  3. the TCP peer, RemoteAddr.
+//
+// So an entry behind a load balancer matches the client that ClientIP
+// finds, not the balancer, which would let every client through.
+
+// allowedResolved reports whether r carries a client address that
+// keyfuncs.ClientIPMiddleware resolved (known), and whether it is
+// allow-listed.
+func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if len(c.allowNets) == 0 {
-		return false
+		return false, true
 	}
 	a, ok := keyfuncs.ClientAddr(r.Context())
 	if !ok {
-		ap, err := netip.ParseAddrPort(r.RemoteAddr)
-		if err != nil {
-			if a, err = netip.ParseAddr(r.RemoteAddr); err != nil {
-				return false
-			}
-		} else {
-			a = ap.Addr()
+		return false, false
+	}
+	return c.allowedPrefix(netip.PrefixFrom(a.Unmap().WithZone(""), a.Unmap().BitLen())), true
+}
+
+// allowedBySubject reports whether the client of r, whose key function
+// returned subject, is allow-listed by address, for a request that
+// allowedResolved did not know.
+func (c *config) allowedBySubject(r *http.Request, subject string) bool {
+	if p, ok := subjectPrefix(subject); ok && !p.Contains(peerAddr(r)) {
+		return c.allowedPrefix(p)
+	}
+	return c.allowedPeer(r)
+}
+
+// peerAddr returns r's TCP peer address, unmapped and without a zone, or
+// the zero Addr.
+func peerAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	a := ap.Addr()
+	if err != nil {
+		if a, err = netip.ParseAddr(r.RemoteAddr); err != nil {
+			return netip.Addr{}
 		}
 	}
-	a = a.Unmap().WithZone("")
-	for _, p := range c.allowNets {
-		if p.Contains(a) {
+	return a.Unmap().WithZone("")
+}
+
+// allowedPeer reports whether r's TCP peer is allow-listed.
+func (c *config) allowedPeer(r *http.Request) bool {
+	a := peerAddr(r)
+	return a.IsValid() && c.allowedPrefix(netip.PrefixFrom(a, a.BitLen()))
+}
+
+// allowedPrefix reports whether an allow-listed network holds all of p.
+func (c *config) allowedPrefix(p netip.Prefix) bool {
+	for _, n := range c.allowNets {
+		if n.Bits() <= p.Bits() && n.Contains(p.Addr()) {
 			return true
 		}
 	}
 	return false
+}
+
+// subjectPrefix returns the address, or the prefix, that a subject keyed
+// by address names: "ip:192.0.2.1", "ip:2001:db8:1:2::/64", alone or as
+// the first part of a keyfuncs.Join ("ip:192.0.2.1|route:…").
+func subjectPrefix(subject string) (netip.Prefix, bool) {
+	rest, ok := strings.CutPrefix(subject, "ip:")
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	if i := strings.IndexByte(rest, '|'); i >= 0 {
+		rest = rest[:i]
+	}
+	if strings.Contains(rest, "/") {
+		p, err := netip.ParsePrefix(rest)
+		if err != nil || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return netip.Prefix{}, false
+		}
+		return p.Masked(), true
+	}
+	a, err := netip.ParseAddr(rest)
+	if err != nil || a.Is4In6() || a.Zone() != "" {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, a.BitLen()), true
 }
