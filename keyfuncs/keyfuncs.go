@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 )
 
@@ -27,7 +28,8 @@ var ErrNoKey = errors.New("no key")
 // arguments: a bad prefix length, header name, trusted network, or nil
 // function, or options that contradict each other. Constructors that return
 // an error return it at once; those that return only a KeyFunc (such as
-// [Header] and [Join]) return one that fails every request with it.
+// [Header] and [Join]) return one that fails every request with it, which
+// [ConfigError] reports (and middleware.New refuses) before any request.
 var ErrInvalidConfig = errors.New("invalid configuration")
 
 // maxPartLen is the longest user id or route pattern kept as it is in a key;
@@ -75,9 +77,32 @@ func plain(s string) bool {
 }
 
 // failing returns a KeyFunc that fails every request with err: the way
-// constructors without an error result report a bad configuration.
+// constructors without an error result report a bad configuration, which
+// [ConfigError] finds before any request. It is never inlined: an inlined
+// copy would make closures with code of their own, which ConfigError would
+// not know.
+//
+//go:noinline
 func failing(err error) KeyFunc {
 	return func(*http.Request) (string, error) { return "", err }
+}
+
+// failingCode identifies the KeyFuncs failing returns: every closure of
+// one function literal has the same code.
+var failingCode = reflect.ValueOf(failing(nil)).Pointer()
+
+// ConfigError returns the error of a KeyFunc that a constructor of this
+// package made from bad arguments, such as Header("bad name") or
+// Static(""), which fails every request with that error (wrapping
+// [ErrInvalidConfig]); for any other KeyFunc, nil. middleware.New calls it,
+// so that such a KeyFunc is an error when the limiter is built rather than
+// a refused request later.
+func ConfigError(fn KeyFunc) error {
+	if fn == nil || reflect.ValueOf(fn).Pointer() != failingCode {
+		return nil
+	}
+	_, err := fn(nil)
+	return err
 }
 
 func invalid(format string, args ...any) error {
@@ -116,6 +141,11 @@ func Join(fns ...KeyFunc) KeyFunc {
 	}
 	if i := slices.IndexFunc(fns, func(fn KeyFunc) bool { return fn == nil }); i >= 0 {
 		return failing(invalid("Join part %d is nil", i))
+	}
+	for i, fn := range fns {
+		if err := ConfigError(fn); err != nil {
+			return failing(fmt.Errorf("keyfuncs: Join part %d: %w", i, err))
+		}
 	}
 	fns = slices.Clone(fns) // the caller may reuse its slice
 	return func(r *http.Request) (string, error) {

@@ -510,3 +510,37 @@ func BenchmarkKeyFuncs(b *testing.B) {
 		})
 	}
 }
+
+// The KeyFuncs that constructors without an error result make from bad
+// arguments are found before any request; good ones, and the caller's own,
+// are not.
+func TestConfigError(t *testing.T) {
+	good := map[string]keyfuncs.KeyFunc{
+		"Header":    keyfuncs.Header("X-API-Key"),
+		"Static":    keyfuncs.Static("global"),
+		"Join":      keyfuncs.Join(keyfuncs.PeerIP, keyfuncs.Static("x")),
+		"PeerIP":    keyfuncs.PeerIP,
+		"their own": func(*http.Request) (string, error) { return "", errors.New("no user") },
+		"nil":       nil,
+	}
+	for name, fn := range good {
+		if err := keyfuncs.ConfigError(fn); err != nil {
+			t.Errorf("ConfigError(%s) = %v, want nil", name, err)
+		}
+	}
+	bad := map[string]keyfuncs.KeyFunc{
+		"Header(bad name)":     keyfuncs.Header("bad name"),
+		"Static(empty)":        keyfuncs.Static(""),
+		"User(nil)":            keyfuncs.User(nil),
+		"Route(nil)":           keyfuncs.Route(nil),
+		"Join()":               keyfuncs.Join(),
+		"Join(nil)":            keyfuncs.Join(keyfuncs.PeerIP, nil),
+		"Join(Header(bad))":    keyfuncs.Join(keyfuncs.PeerIP, keyfuncs.Header("bad name")),
+		"Join(Join(Static()))": keyfuncs.Join(keyfuncs.Join(keyfuncs.Static(""))),
+	}
+	for name, fn := range bad {
+		if err := keyfuncs.ConfigError(fn); !errors.Is(err, keyfuncs.ErrInvalidConfig) {
+			t.Errorf("ConfigError(%s) = %v, want an error wrapping ErrInvalidConfig", name, err)
+		}
+	}
+}

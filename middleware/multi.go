@@ -154,6 +154,9 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	if strings.Contains(name, "/") {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: '/' is not allowed (it separates tier and policy)", tier, name)
 	}
+	if err := keyfuncs.ConfigError(p.Key); err != nil {
+		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: Key: %w", tier, name, err)
+	}
 	q := policy{name: name, event: name, limit: p.Limit, key: p.Key, prefix: name + ":{", problem: problemDocument(name)}
 	if tier != "" {
 		q.prefix = tier + "/" + q.prefix

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -564,5 +565,19 @@ func TestAllowListBehindProxy(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A KeyFunc that a keyfuncs constructor made from bad arguments is an error
+// from the constructor, not a refused request later.
+func TestNewRefusesInvalidKeyFunc(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	if _, err := middleware.New(m, store.PerMinute(1), middleware.WithKeyFunc(keyfuncs.Header("bad name"))); !errors.Is(err, keyfuncs.ErrInvalidConfig) {
+		t.Errorf("New with Header(\"bad name\"): %v, want an error wrapping keyfuncs.ErrInvalidConfig", err)
+	}
+	_, err := middleware.NewMulti(m, []middleware.Policy{{Limit: store.PerMinute(1), Key: keyfuncs.Static("")}})
+	if !errors.Is(err, keyfuncs.ErrInvalidConfig) {
+		t.Errorf("NewMulti with a Static(\"\") policy key: %v, want an error wrapping keyfuncs.ErrInvalidConfig", err)
 	}
 }

@@ -135,6 +135,9 @@ func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 		if fn == nil {
 			return errors.New("WithKeyFunc: nil KeyFunc")
 		}
+		if err := keyfuncs.ConfigError(fn); err != nil {
+			return fmt.Errorf("WithKeyFunc: %w", err)
+		}
 		c.keyFunc = fn
 		return nil
 	}
