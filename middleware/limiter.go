@@ -64,7 +64,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 		return nil, errors.New("middleware: nil store")
 	}
 	if v, ok := s.(interface{ Validate() error }); ok {
-		if err := v.Validate(); err != nil { // a store that cannot decide anything
+		if err := v.Validate(); err != nil { // a store that cannot decide, or was misconfigured
 			return nil, fmt.Errorf("middleware: %w", err)
 		}
 	}

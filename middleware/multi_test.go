@@ -581,3 +581,12 @@ func TestNewRefusesInvalidKeyFunc(t *testing.T) {
 		t.Errorf("NewMulti with a Static(\"\") policy key: %v, want an error wrapping keyfuncs.ErrInvalidConfig", err)
 	}
 }
+
+// A store made with an unusable option is refused, not run on a default.
+func TestNewRefusesMisconfiguredStore(t *testing.T) {
+	m := store.NewMemory(store.WithMaxKeys(0))
+	defer m.Close()
+	if _, err := middleware.New(m, store.PerMinute(1)); err == nil || !strings.Contains(err.Error(), "WithMaxKeys") {
+		t.Errorf("New with a Memory store made WithMaxKeys(0): %v, want an error naming WithMaxKeys", err)
+	}
+}

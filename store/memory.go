@@ -56,6 +56,7 @@ type Memory struct {
 	startUs  int64
 	startNs  int64 // nanotime() at start
 	evicted  atomic.Int64
+	cfgErr   error                           // the first unusable option, for Validate
 	lims     [16]atomic.Pointer[limitParams] // Limits buckets were recently made for
 	nextLim  atomic.Uint32                   // the slot of lims to fill next
 
@@ -297,15 +298,26 @@ type memoryConfig struct {
 	maxKeys int
 	sweep   time.Duration
 	clock   func() time.Time
+	err     error // the first unusable option
+}
+
+// fail records the first unusable option.
+func (c *memoryConfig) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("store: "+format, args...)
+	}
 }
 
 // WithMaxKeys caps the number of live buckets at n (default
-// [DefaultMaxKeys]). A value below 1 selects the default.
+// [DefaultMaxKeys]). A value below 1 is an error that [Memory.Validate]
+// reports (and middleware.New refuses); the store keeps the default cap.
 func WithMaxKeys(n int) MemoryOption {
 	return func(c *memoryConfig) {
-		if n >= 1 {
-			c.maxKeys = n
+		if n < 1 {
+			c.fail("WithMaxKeys(%d): the cap must be at least 1", n)
+			return
 		}
+		c.maxKeys = n
 	}
 }
 
@@ -319,9 +331,16 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 
 // WithClock makes the store read the time from now instead of the process's
 // monotonic clock, for tests that control time. The clock should not go
-// backwards; if it does, buckets simply refill later.
+// backwards; if it does, buckets simply refill later. A nil now is an error
+// that [Memory.Validate] reports; the store keeps the monotonic clock.
 func WithClock(now func() time.Time) MemoryOption {
-	return func(c *memoryConfig) { c.clock = now }
+	return func(c *memoryConfig) {
+		if now == nil {
+			c.fail("WithClock(nil)")
+			return
+		}
+		c.clock = now
+	}
 }
 
 // NewMemory returns a Memory store. Unless [WithSweepInterval] disables it,
@@ -342,6 +361,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		seed64:   uintptr(rand.Uint64()),
 		shardCap: cfg.maxKeys / n,
 		clock:    cfg.clock,
+		cfgErr:   cfg.err,
 		start:    time.Now(),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -594,6 +614,11 @@ func (m *Memory) evict(sh *memShard, now int64) {
 		m.evicted.Add(1)
 	}
 }
+
+// Validate returns the error of the first unusable option the store was
+// made with (such as WithMaxKeys(0)), or nil. The store then works as if
+// that option had not been given; middleware.New refuses it.
+func (m *Memory) Validate() error { return m.cfgErr }
 
 // Len returns the number of live buckets.
 func (m *Memory) Len() int {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate-go/tollgate/internal/leaktest"
 	"github.com/tollgate-go/tollgate/store"
 )
@@ -375,5 +377,35 @@ func TestMemoryClockBefore1970(t *testing.T) {
 	}
 	if r, _ := m.Take(ctx, "k", lim, 1); r.Allowed {
 		t.Errorf("sixth take = %+v; want denied", r)
+	}
+}
+
+// Unusable options are reported by Validate, never silently replaced; the
+// store still works, as if they had not been given.
+func TestStoreOptionErrors(t *testing.T) {
+	for name, s := range map[string]interface {
+		store.Store
+		Validate() error
+	}{
+		"WithMaxKeys(0)":   store.NewMemory(store.WithMaxKeys(0)),
+		"WithMaxKeys(-5)":  store.NewMemory(store.WithMaxKeys(-5)),
+		"WithClock(nil)":   store.NewMemory(store.WithClock(nil)),
+		"WithBatching(-1)": store.NewRedis(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), store.WithBatching(-1)),
+	} {
+		err := s.Validate()
+		if err == nil || !strings.Contains(err.Error(), strings.SplitN(name, "(", 2)[0]) {
+			t.Errorf("%s: Validate() = %v, want an error naming the option", name, err)
+		}
+		if m, ok := s.(*store.Memory); ok {
+			if r, err := m.Take(context.Background(), "k", store.PerSecond(1), 1); err != nil || !r.Allowed {
+				t.Errorf("%s: Take = %+v, %v; want a working store", name, r, err)
+			}
+			m.Close()
+		}
+	}
+	m := store.NewMemory(store.WithMaxKeys(1), store.WithClock(time.Now))
+	defer m.Close()
+	if err := m.Validate(); err != nil {
+		t.Errorf("good options: Validate() = %v", err)
 	}
 }

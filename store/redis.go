@@ -43,6 +43,7 @@ const DefaultKeyPrefix = "tollgate:"
 type Redis struct {
 	client redis.UniversalClient
 	prefix string
+	optErr error // the first unusable option, for Validate
 	// pipelines is the number of pipelines in flight per node when
 	// batching (0: no batching); see WithBatching.
 	pipelines int
@@ -87,8 +88,19 @@ func WithKeyPrefix(prefix string) RedisOption {
 // that the node redirects (MOVED, ASK) is retried alone through the Cluster
 // client. On a Ring, the Ring splits each pipeline among its shards. Client
 // hooks see pipelines rather than single commands.
+//
+// A negative n is an error that [Redis.Validate] reports (and
+// middleware.New refuses); the store keeps the default.
 func WithBatching(n int) RedisOption {
-	return func(r *Redis) { r.pipelines = max(n, 0) }
+	return func(r *Redis) {
+		if n < 0 {
+			if r.optErr == nil {
+				r.optErr = fmt.Errorf("store: WithBatching(%d): the number of pipelines must be 0 (off) or more", n)
+			}
+			return
+		}
+		r.pipelines = n
+	}
 }
 
 // WithCoalescing, on, lets the Takes of one bucket that leave in one
@@ -109,14 +121,15 @@ func WithCoalescing(on bool) RedisOption {
 	return func(r *Redis) { r.coalesce = on }
 }
 
-// Validate returns an error when the store cannot decide anything: it was
-// given a nil client. Every Take then fails with that error;
-// middleware.New refuses such a store.
+// Validate returns an error when the store cannot decide anything, because
+// it was given a nil client (every Take then fails with that error), or
+// when it was given an unusable option (such as WithBatching(-1), which it
+// then ignores). middleware.New refuses such a store.
 func (r *Redis) Validate() error {
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
 	}
-	return nil
+	return r.optErr
 }
 
 func isNilClient(c redis.UniversalClient) bool {
