@@ -337,6 +337,8 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 // MaxForwarded, has already resolved the request, the KeyFunc uses the
 // address it stored rather than resolving again. The KeyFunc is safe for
 // concurrent use.
+//
+//go:noinline
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {
@@ -418,6 +420,8 @@ func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 // returning "" or a string that is not an address is an error wrapping
 // [ErrNoKey], never a shared key. A nil fn is an error wrapping
 // ErrInvalidConfig. The KeyFunc is as safe for concurrent use as fn.
+//
+//go:noinline
 func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("ClientIPFromContext function is nil")

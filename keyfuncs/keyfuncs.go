@@ -1,6 +1,7 @@
 package keyfuncs
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"sync"
 )
 
 // KeyFunc extracts the rate-limit subject of a request: the name of the
@@ -91,6 +93,40 @@ func failing(err error) KeyFunc {
 // one function literal has the same code.
 var failingCode = reflect.ValueOf(failing(nil)).Pointer()
 
+// KeysByAddress reports whether fn keys requests by their client's address:
+// it is [PeerIP], or a KeyFunc that [PeerIPPrefix], [ClientIP] or
+// [ClientIPFromContext] made, or a [Join] whose first part is one of those.
+// Its keys ("ip:192.0.2.1", "ip:2001:db8:1:2::/64", first in a Join) then
+// name the address that it resolved (through the trusted proxies), which
+// middleware's allow-list matches; the keys of any other KeyFunc may be any
+// text, even text a client chose.
+func KeysByAddress(fn KeyFunc) bool {
+	return fn != nil && slices.Contains(addressCode(), reflect.ValueOf(fn).Pointer())
+}
+
+// addressCode is the code of the KeyFuncs that key by address: every
+// closure of one function literal (or method value) has the same code. The
+// constructors that return closures are never inlined, which would give
+// their closures code of their own.
+var addressCode = sync.OnceValue(func() []uintptr {
+	clientIP, _ := ClientIP()
+	fromCtx, _ := ClientIPFromContext(func(context.Context) string { return "" })
+	peerPrefix, _ := PeerIPPrefix(32, 64)
+	code := []uintptr{}
+	for _, fn := range []KeyFunc{PeerIP, peerPrefix, clientIP, fromCtx, addressJoin(nil)} {
+		code = append(code, reflect.ValueOf(fn).Pointer())
+	}
+	return code
+})
+
+// addressJoin returns join, a Join whose first part keys by address, as a
+// KeyFunc that [KeysByAddress] knows.
+//
+//go:noinline
+func addressJoin(join KeyFunc) KeyFunc {
+	return func(r *http.Request) (string, error) { return join(r) }
+}
+
 // ConfigError returns the error of a KeyFunc that a constructor of this
 // package made from bad arguments, such as Header("bad name") or
 // Static(""), which fails every request with that error (wrapping
@@ -148,7 +184,7 @@ func Join(fns ...KeyFunc) KeyFunc {
 		}
 	}
 	fns = slices.Clone(fns) // the caller may reuse its slice
-	return func(r *http.Request) (string, error) {
+	join := func(r *http.Request) (string, error) {
 		// One allocation for the key when it fits the buffer (the parts
 		// allocate their own).
 		var buf [128]byte
@@ -168,6 +204,10 @@ func Join(fns ...KeyFunc) KeyFunc {
 		}
 		return string(b), nil
 	}
+	if KeysByAddress(fns[0]) {
+		return addressJoin(join)
+	}
+	return join
 }
 
 // appendEscaped appends s with a '\' before each '\' and '|'.

@@ -544,3 +544,32 @@ func TestConfigError(t *testing.T) {
 		}
 	}
 }
+
+// KeysByAddress knows the KeyFuncs whose keys name the client's address,
+// including through a Join that puts one first, and no others: their keys
+// may be text a client chose.
+func TestKeysByAddress(t *testing.T) {
+	clientIP, _ := keyfuncs.ClientIP(keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.FromXForwardedFor())
+	plainIP, _ := keyfuncs.ClientIP()
+	prefix, _ := keyfuncs.PeerIPPrefix(24, 48)
+	fromCtx, _ := keyfuncs.ClientIPFromContext(func(context.Context) string { return "192.0.2.1" })
+	for name, fn := range map[string]keyfuncs.KeyFunc{
+		"PeerIP": keyfuncs.PeerIP, "ClientIP": clientIP, "ClientIP()": plainIP, "PeerIPPrefix": prefix,
+		"ClientIPFromContext": fromCtx, "Join(ClientIP, Header)": keyfuncs.Join(clientIP, keyfuncs.Header("X-A")),
+		"Join(Join(PeerIP))": keyfuncs.Join(keyfuncs.Join(keyfuncs.PeerIP)),
+	} {
+		if !keyfuncs.KeysByAddress(fn) {
+			t.Errorf("KeysByAddress(%s) = false, want true", name)
+		}
+	}
+	for name, fn := range map[string]keyfuncs.KeyFunc{
+		"Header": keyfuncs.Header("X-A"), "Static": keyfuncs.Static("ip:10.0.0.1"), "nil": nil,
+		"Join(Header, ClientIP)": keyfuncs.Join(keyfuncs.Header("X-A"), clientIP),
+		"their own":              func(*http.Request) (string, error) { return "ip:10.0.0.1", nil },
+		"invalid":                keyfuncs.Header("bad name"),
+	} {
+		if keyfuncs.KeysByAddress(fn) {
+			t.Errorf("KeysByAddress(%s) = true, want false", name)
+		}
+	}
+}

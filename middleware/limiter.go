@@ -31,13 +31,16 @@ type Limiter struct {
 	cfg      config
 	store    store.Store
 	limit    store.Limit
-	prefix   string   // name + ":"; see appendKey
-	bound    bool     // apply cfg.timeout to store calls
-	inMemory bool     // the store is a *store.Memory; see keyString
-	peerIP   bool     // the KeyFunc is keyfuncs.PeerIP; see appendKey
-	hooks    bool     // a hook needs the subject as a string
-	brk      *breaker // nil: no breaker
-	local    *store.Memory
+	prefix   string // name + ":"; see appendKey
+	bound    bool   // apply cfg.timeout to store calls
+	inMemory bool   // the store is a *store.Memory; see keyString
+	peerIP   bool   // the KeyFunc is keyfuncs.PeerIP; see appendKey
+	hooks    bool   // a hook needs the subject as a string
+	// addrKeyed: the KeyFunc keys by the client's address, which the
+	// allow-list then reads from the subject (see allowedBySubject).
+	addrKeyed bool
+	brk       *breaker // nil: no breaker
+	local     *store.Memory
 	// localLimit is the limit divided among replicas, for FailLocal.
 	localLimit store.Limit
 	hdr        *headers.Cache // nil: no rate-limit headers
@@ -100,8 +103,9 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	// A top-level function has one code pointer, which no other function
 	// shares: this is PeerIP itself, whichever way it was given.
 	l.peerIP = reflect.ValueOf(l.cfg.keyFunc).Pointer() == reflect.ValueOf(keyfuncs.PeerIP).Pointer()
+	l.addrKeyed = keyfuncs.KeysByAddress(l.cfg.keyFunc)
 	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil ||
-		l.cfg.allowNets != nil
+		(l.cfg.allowNets != nil && l.addrKeyed)
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
@@ -228,6 +232,9 @@ const maxPooledKey = 1024
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
 	allowed, resolved := c.allowedResolved(r)
+	if !resolved && !l.addrKeyed {
+		allowed, resolved = c.allowedPeer(r), true // the subject names no address
+	}
 	if (c.skip != nil && c.skip(r)) || allowed {
 		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)

@@ -72,6 +72,9 @@ type Multi struct {
 
 type plan struct {
 	policies []policy
+	// addr is the first policy whose KeyFunc keys by the client's address
+	// (the allow-list reads it from that policy's subject), or -1.
+	addr int
 }
 
 type policy struct {
@@ -123,7 +126,7 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 				return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
 			}
 		}
-		p := &plan{}
+		p := &plan{addr: -1}
 		for _, pol := range pols {
 			q, err := m.policy(tier, pol)
 			if err != nil {
@@ -131,6 +134,9 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 			}
 			if slices.ContainsFunc(p.policies, func(o policy) bool { return o.name == q.name }) {
 				return nil, fmt.Errorf("middleware: tier %q: two policies named %q", tier, q.name)
+			}
+			if p.addr < 0 && keyfuncs.KeysByAddress(q.key) {
+				p.addr = len(p.policies)
 			}
 			p.policies = append(p.policies, q)
 		}
@@ -196,18 +202,20 @@ func (m *Multi) BreakerState() BreakerState { return m.base.BreakerState() }
 func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	l := m.base
 	c := &l.cfg
-	allowed, resolved := c.allowedResolved(r)
-	if (c.skip != nil && c.skip(r)) || allowed {
-		l.observe(Event{Kind: EventSkipped})
-		next.ServeHTTP(w, r)
-		return
-	}
-	byPeer := !resolved // no policy keyed by address: match the TCP peer
 	p := m.def
 	if m.of != nil {
 		if q, ok := m.plans[m.of(r)]; ok {
 			p = q
 		}
+	}
+	allowed, resolved := c.allowedResolved(r)
+	if !resolved && p.addr < 0 {
+		allowed, resolved = c.allowedPeer(r), true // no subject names an address
+	}
+	if (c.skip != nil && c.skip(r)) || allowed {
+		l.observe(Event{Kind: EventSkipped})
+		next.ServeHTTP(w, r)
+		return
 	}
 	cost := 1
 	if c.cost != nil {
@@ -229,22 +237,13 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", pol.name, err))
 			return
 		}
-		allowedAddr := false
-		if p, ok := subjectPrefix(subject); ok && !resolved && !p.Contains(peerAddr(r)) {
-			allowedAddr, byPeer = c.allowedPrefix(p), false
-		}
-		if (c.allowKeys != nil && c.allowKeys[subject]) || allowedAddr {
+		if (c.allowKeys != nil && c.allowKeys[subject]) || (i == p.addr && !resolved && c.allowedBySubject(r, subject)) {
 			l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
 			next.ServeHTTP(w, r)
 			return
 		}
 		subjects[i] = subject
 		reqs[i] = store.Request{Key: pol.prefix + subject + "}", Limit: pol.limit, Cost: cost}
-	}
-	if byPeer && c.allowedPeer(r) {
-		l.observe(Event{Kind: EventSkipped})
-		next.ServeHTTP(w, r)
-		return
 	}
 
 	start := time.Now()

@@ -590,3 +590,64 @@ func TestNewRefusesMisconfiguredStore(t *testing.T) {
 		t.Errorf("New with a Memory store made WithMaxKeys(0): %v, want an error naming WithMaxKeys", err)
 	}
 }
+
+// A subject that only looks like an address, from a key function that does
+// not key by address (here a header the client writes), never allow-lists
+// the request.
+func TestAllowListIgnoresForgedSubject(t *testing.T) {
+	tenant := func(r *http.Request) (string, error) {
+		if v := r.Header.Get("X-Tenant"); v != "" {
+			return v, nil
+		}
+		return "", keyfuncs.ErrNoKey
+	}
+	for _, kc := range []struct {
+		name string
+		fn   keyfuncs.KeyFunc
+	}{{"tenant", tenant}, {"Join(tenant, PeerIP)", keyfuncs.Join(tenant, keyfuncs.PeerIP)}} {
+		cs := &multiCounting{Memory: store.NewMemory()}
+		defer cs.Close()
+		opts := []middleware.Option{middleware.WithAllowList("10.0.0.0/8"), middleware.WithKeyFunc(kc.fn)}
+		l := mustNew(t, cs, store.PerMinute(1), opts...)
+		m, err := middleware.NewMulti(cs, []middleware.Policy{{Limit: store.PerMinute(1)}}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, h := range map[string]http.Handler{"Limiter": l.Handler(okHandlerFunc), "Multi": m.Handler(okHandlerFunc)} {
+			var codes []int
+			for range 3 {
+				req := httptest.NewRequest(http.MethodGet, "/", nil)
+				req.RemoteAddr = "203.0.113.5:4000"
+				req.Header.Set("X-Tenant", "ip:10.0.0.1")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				codes = append(codes, w.Code)
+			}
+			if codes[2] != http.StatusTooManyRequests {
+				t.Errorf("%s, %s: codes %v; want the forged subject limited (third request 429)", kc.name, name, codes)
+			}
+		}
+	}
+}
+
+// An allow-listed peer passes without a key when no key function keys by
+// address: the allow-list is read before the key function.
+func TestAllowListedPeerNeedsNoKey(t *testing.T) {
+	cs := &multiCounting{Memory: store.NewMemory()}
+	defer cs.Close()
+	opts := []middleware.Option{middleware.WithAllowList("10.0.0.0/8"), middleware.WithKeyFunc(userKey)}
+	l := mustNew(t, cs, store.PerMinute(1), opts...)
+	m, err := middleware.NewMulti(cs, []middleware.Policy{{Limit: store.PerMinute(1)}}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range map[string]http.Handler{"Limiter": l.Handler(okHandlerFunc), "Multi": m.Handler(okHandlerFunc)} {
+		req := httptest.NewRequest(http.MethodGet, "/health", nil)
+		req.RemoteAddr = "10.1.2.3:5000" // and no X-User
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			t.Errorf("%s: %d, want 200", name, w.Code)
+		}
+	}
+}

@@ -450,9 +450,9 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 // skipped.
 //
 // The client's address is the one [keyfuncs.ClientIPMiddleware] resolved;
-// else, when the key function keys by address ([keyfuncs.ClientIP],
-// [keyfuncs.PeerIP], alone or first in [keyfuncs.Join]), the address it
-// found through the trusted proxies, or the prefix it grouped it in, which
+// else, when the key function keys by address ([keyfuncs.KeysByAddress]:
+// [keyfuncs.ClientIP], [keyfuncs.PeerIP], …, alone or first in
+// [keyfuncs.Join]), the address it found through the trusted proxies, or the prefix it grouped it in, which
 // an entry must then hold whole (an IPv6 client keyed by its /64 is not
 // matched by a /128 entry); else the TCP peer. Behind a load balancer,
 // key by ClientIP or run ClientIPMiddleware: with any other key function an
@@ -514,12 +514,16 @@ func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 //
 //  1. the address keyfuncs.ClientIPMiddleware resolved (allowedResolved,
 //     before the key is built);
-//  2. the subject, when the key function keys by address (an "ip:" key of
-//     PeerIP, PeerIPPrefix or ClientIP, alone or first in a Join): the
+//  2. the subject, when the key function keys by address (see
+//     keyfuncs.KeysByAddress: PeerIP, PeerIPPrefix, ClientIP,
+//     ClientIPFromContext, alone or first in a Join; never a subject that
+//     merely looks like "ip:…", which a client may have written): the
 //     address the key function resolved through trusted proxies, or the
 //     prefix it grouped it in, which an entry must hold whole — unless the
 //     prefix holds the TCP peer, which is then the client (step 3);
-//  3. the TCP peer, RemoteAddr.
+//  3. the TCP peer, RemoteAddr, matched before the key function runs when
+//     no key function keys by address (so an allow-listed peer needs no
+//     key).
 //
 // So an entry behind a load balancer matches the client that ClientIP
 // finds, not the balancer, which would let every client through.
@@ -539,8 +543,8 @@ func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 }
 
 // allowedBySubject reports whether the client of r, whose key function
-// returned subject, is allow-listed by address, for a request that
-// allowedResolved did not know.
+// returned subject and keys by address (keyfuncs.KeysByAddress), is
+// allow-listed, for a request that allowedResolved did not know.
 func (c *config) allowedBySubject(r *http.Request, subject string) bool {
 	if p, ok := subjectPrefix(subject); ok && !p.Contains(peerAddr(r)) {
 		return c.allowedPrefix(p)
