@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -279,7 +280,7 @@ func invalidCost(t *testing.T, h Harness) {
 	s := h.New(t)
 	key := Key(t)
 	lim := store.PerSecond(5)
-	for _, cost := range []int{-1, -1 << 40, 6, 1 << 40} {
+	for _, cost := range []int{-1, math.MinInt, 6, math.MaxInt} {
 		r, err := s.Take(context.Background(), key, lim, cost)
 		if !errors.Is(err, store.ErrInvalidCost) {
 			t.Errorf("Take(cost %d) = %+v, %v; want ErrInvalidCost", cost, r, err)
