@@ -23,24 +23,6 @@ func TestConformanceRedisServer(t *testing.T) {
 	})
 }
 
-func TestConformanceRedisServerCoalescing(t *testing.T) {
-	t.Parallel()
-	client := redistest.Server(t).Client(t)
-	storetest.Run(t, storetest.Harness{
-		New:   func(t *testing.T) store.Store { return store.NewRedis(client, store.WithCoalescing(true)) },
-		Slack: 50 * time.Millisecond,
-	})
-}
-
-func TestConformanceRedisClusterCoalescing(t *testing.T) {
-	t.Parallel()
-	client := redistest.Cluster(t).Client(t)
-	storetest.Run(t, storetest.Harness{
-		New:   func(t *testing.T) store.Store { return store.NewRedis(client, store.WithCoalescing(true)) },
-		Slack: 50 * time.Millisecond,
-	})
-}
-
 func TestConformanceRedisCluster(t *testing.T) {
 	t.Parallel()
 	client := redistest.Cluster(t).Client(t)
@@ -56,7 +38,7 @@ func TestConformanceRedisRing(t *testing.T) {
 	if a.External {
 		t.Skip("a Ring needs two servers of its own")
 	}
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { ring.Close() })
 	storetest.Run(t, storetest.Harness{
 		New:   func(t *testing.T) store.Store { return store.NewRedis(ring) },
@@ -99,4 +81,18 @@ func TestConformanceRedisSentinel(t *testing.T) {
 		New:   func(t *testing.T) store.Store { return store.NewRedis(client) },
 		Slack: 50 * time.Millisecond,
 	})
+}
+
+// The exactness suite on the real clock, through batching (the default),
+// on a real server and on a real Cluster.
+func TestContentionRedisServer(t *testing.T) {
+	t.Parallel()
+	client := redistest.Server(t).Client(t)
+	storetest.Contention(t, func(t *testing.T) store.Store { return store.NewRedis(client) }, 300*time.Millisecond)
+}
+
+func TestContentionRedisCluster(t *testing.T) {
+	t.Parallel()
+	client := redistest.Cluster(t).Client(t)
+	storetest.Contention(t, func(t *testing.T) store.Store { return store.NewRedis(client) }, 300*time.Millisecond)
 }

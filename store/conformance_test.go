@@ -50,7 +50,7 @@ func newMiniredis(t *testing.T) (mr *miniredis.Miniredis, client *redis.Client, 
 	mr = miniredis.RunT(t)
 	now := epoch
 	mr.SetTime(now)
-	client = redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	client = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
 	return mr, client, func(d time.Duration) {
 		now = now.Add(d)
@@ -65,4 +65,12 @@ func TestConformanceRedisMiniredis(t *testing.T) {
 		New:     func(t *testing.T) store.Store { return store.NewRedis(client) },
 		Advance: advance,
 	})
+}
+
+func TestContentionMemory(t *testing.T) {
+	storetest.Contention(t, func(t *testing.T) store.Store {
+		m := store.NewMemory()
+		t.Cleanup(func() { m.Close() })
+		return m
+	}, 300*time.Millisecond)
 }

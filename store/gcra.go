@@ -2,50 +2,62 @@ package store
 
 import (
 	"math/bits"
+	"sync/atomic"
 	"time"
 )
 
-// The arithmetic here is the Go twin of lua/tokenbucket.lua; the two must
-// give identical answers (the conformance suite checks it). Time is in
-// microseconds. A span (u, f) is u + f/rate microseconds with 0 <= f < rate,
-// which keeps a period that rate does not divide exact; rate/period is in
-// lowest terms, so that a fraction counts in the coarsest exact unit, the
-// one the script's state names (1 when the rate divides the period).
+// The bucket arithmetic, shared by both stores: Memory runs it here, and
+// lua/tokenbucket.lua runs the same steps in Redis, whose reply Redis.Take
+// turns into a Result with the same function (result) as Memory.
+//
+// A bucket's state is its theoretical arrival time (TAT): the instant at
+// which it is full again. Its debt D = TAT - now, at least 0, is how far it
+// is from full. Time counts in units of 1/q microsecond, in which one token
+// takes t units exactly (t/q is Period/Rate in lowest terms), so a bucket
+// holds cap = Burst*t. Taking c tokens succeeds iff D + c*t <= cap, and then
+// TAT becomes max(TAT, now) + c*t. That is the whole rule; it never lowers
+// a TAT, so a stale now (a goroutine preempted after reading the clock), or
+// a decision under another Limit on the same key, can only deny, never hand
+// tokens back. Only a refund lowers it.
 
-// params is a validated Limit in the units of the arithmetic.
+// maxProduct bounds Burst*Rate and cap, so that the arithmetic stays exact
+// in int64 and in the doubles of Redis's Lua (exact to 2^53).
+const maxProduct = 1 << 50
+
+// params is a valid Limit in the units of the arithmetic, with the values
+// the script takes boxed once (boxing an integer above 255 allocates).
 type params struct {
-	rate, period, burst int64 // rate per period microseconds, in lowest terms
-	g                   int64 // the Limit's Rate is rate*g, its Period period*g µs
-	tq, tr              int64 // emission interval period/rate = tq + tr/rate
+	l         Limit
+	q, t, cap int64
+	capUs     int64  // cap/q + 1: a debt of more whole microseconds is above cap
+	args      [2]any // cap and q, for the script
+	k1        any    // t: the script's k for a cost of 1
 }
 
-func (l Limit) params() (params, error) {
+func newParams(l Limit) (*params, error) {
 	switch {
 	case l.Rate < 1:
-		return params{}, l.invalid("Rate must be at least 1, got %d", l.Rate)
+		return nil, l.invalid("Rate must be at least 1, got %d", l.Rate)
 	case l.Burst < 1:
-		return params{}, l.invalid("Burst must be at least 1, got %d", l.Burst)
+		return nil, l.invalid("Burst must be at least 1, got %d", l.Burst)
 	case l.Period < time.Microsecond:
-		return params{}, l.invalid("Period must be at least 1µs, got %s", l.Period)
+		return nil, l.invalid("Period must be at least 1µs, got %s", l.Period)
 	case l.Period%time.Microsecond != 0:
-		return params{}, l.invalid("Period must be a whole number of microseconds, got %s", l.Period)
+		return nil, l.invalid("Period must be a whole number of microseconds, got %s", l.Period)
 	}
-	p := params{rate: int64(l.Rate), period: l.Period.Microseconds(), burst: int64(l.Burst), g: 1}
-	p.tq, p.tr = p.period/p.rate, p.period%p.rate
-	// Multiplications, not divisions, on the hot path: both factors are
-	// positive, so a product fits in 64 bits when its high word is 0.
-	if hi, lo := bits.Mul64(uint64(p.rate), uint64(p.burst)); hi != 0 || lo > maxProduct {
-		return params{}, l.invalid("Burst*Rate must not exceed 2^50")
+	rate, period, burst := int64(l.Rate), l.Period.Microseconds(), int64(l.Burst)
+	g := gcd(rate, period)
+	p := &params{l: l, q: rate / g, t: period / g}
+	if hi, lo := bits.Mul64(uint64(rate), uint64(burst)); hi != 0 || lo > maxProduct {
+		return nil, l.invalid("Burst*Rate must not exceed 2^50")
 	}
-	if hi, lo := bits.Mul64(uint64(p.tq+1), uint64(p.burst)); hi != 0 || lo > maxProduct {
-		return params{}, l.invalid("the time to refill Burst tokens must not exceed 2^50µs")
+	hi, lo := bits.Mul64(uint64(p.t), uint64(burst))
+	if hi != 0 || lo > maxProduct {
+		return nil, l.invalid("Burst*Period/gcd(Rate, Period in µs) must not exceed 2^50")
 	}
-	// In lowest terms, as the script does: above 2^53 its arithmetic on the
-	// period is not exact, and it leaves such a period as it is.
-	if p.period <= 1<<53 {
-		p.g = gcd(p.rate, p.period)
-		p.rate, p.period, p.tr = p.rate/p.g, p.period/p.g, p.tr/p.g
-	}
+	p.cap = int64(lo)
+	p.capUs = p.cap/p.q + 1
+	p.args, p.k1 = [2]any{p.cap, p.q}, p.t
 	return p, nil
 }
 
@@ -56,180 +68,107 @@ func gcd(a, b int64) int64 {
 	return a
 }
 
-type span struct{ u, f int64 }
+// tat is a bucket's state: TAT = u + f/q microseconds. The zero value (q 0)
+// is a bucket with no state, which is full.
+type tat struct{ u, f, q int64 }
 
-// times returns n emission intervals.
-func (p *params) times(n int64) span {
-	if p.tr == 0 { // the rate divides the period: no fractions at all
-		return span{n * p.tq, 0}
+// debt returns how far a bucket in state s is from full at now: du whole
+// microseconds and df/p.q of one. A fraction counted in another Limit's
+// units is rounded up, never down.
+func (p *params) debt(s tat, now int64) (du, df int64) {
+	u, f := s.u, s.f
+	if s.q != p.q && f > 0 {
+		u, f = u+1, 0
 	}
-	x := n * p.tr
-	return span{n*p.tq + x/p.rate, x % p.rate}
-}
-
-func (a span) le(b span) bool { return a.u < b.u || (a.u == b.u && a.f <= b.f) }
-
-func (p *params) add(a, b span) span {
-	s := span{a.u + b.u, a.f + b.f}
-	if s.f >= p.rate {
-		s.u, s.f = s.u+1, s.f-p.rate
+	if s.q == 0 || u < now || (u == now && f == 0) {
+		return 0, 0
 	}
-	return s
+	return u - now, f
 }
 
-func (p *params) sub(a, b span) span {
-	s := span{a.u - b.u, a.f - b.f}
-	if s.f < 0 {
-		s.u, s.f = s.u-1, s.f+p.rate
-	}
-	return s
+// fits reports whether k units (k = cost*t) fit in a bucket whose debt is
+// (du, df); k <= 0, a read or a refund, always does.
+func (p *params) fits(du, df, k int64) bool {
+	return k <= 0 || (du <= p.capUs && du*p.q+df+k <= p.cap)
 }
 
-// ceil rounds a span up to whole microseconds.
-func (a span) ceil() int64 {
-	if a.f > 0 {
-		return a.u + 1
-	}
-	return a.u
-}
-
-// bucket is the stored state: the theoretical arrival time (the instant the
-// bucket is full again) and the rate its fraction is counted in.
-type bucket struct {
-	tat  span
-	rate int64
-}
-
-// decide takes cost tokens at instant now from a bucket in state b (ok false:
-// no state, a full bucket). It fills in res (all but Limit) and returns the
-// new state when it must be written.
-func (p *params) decide(res *Result, b bucket, ok bool, now, cost int64) (nb bucket, write bool) {
-	var debt span // how far the bucket is from full
-	if ok {
-		tat := b.tat
-		if b.rate != p.rate && tat.f > 0 {
-			tat = span{tat.u + 1, 0} // stored under another rate: round up, never loosen
+// after returns the debt (du, df) once k units are added (taken) or, when k
+// is negative, given back, never below 0.
+func (p *params) after(du, df, k int64) (int64, int64) {
+	if k >= 0 {
+		if p.q == 1 { // the rate divides the period: no fractions, no division
+			return du + k, 0
 		}
-		if n := (span{now, 0}); n.le(tat) {
-			debt = p.sub(tat, n)
+		f := df + k
+		return du + f/p.q, f % p.q
+	}
+	du, df = du-(-k)/p.q, df-(-k)%p.q
+	if df < 0 {
+		du, df = du-1, df+p.q
+	}
+	if du < 0 {
+		return 0, 0
+	}
+	return du, df
+}
+
+// state is the TAT of a debt (du, df) at now; ok is false for no debt,
+// which is a full bucket, stored as no state at all.
+func (p *params) state(du, df, now int64) (s tat, ok bool) {
+	return tat{now + du, df, p.q}, du > 0 || df > 0
+}
+
+// result describes a bucket whose debt is (du, df) after a decision of k
+// units. When the decision was not allowed, RetryAfter is the time until k
+// units fit (0 when they fit now: a TakeAll that another bucket denied).
+func (p *params) result(du, df, k int64, allowed bool) Result {
+	res := Result{Limit: p.l, Allowed: allowed, ResetAfter: micros(du)}
+	if df > 0 { // 0 <= df < q: rounded up, a microsecond more
+		res.ResetAfter += time.Microsecond
+	}
+	if du <= p.capUs {
+		if left := p.cap - du*p.q - df; left > 0 && p.t == 1 {
+			res.Remaining = int(left)
+		} else if left > 0 {
+			res.Remaining = int(left / p.t)
 		}
 	}
-	capacity := p.times(p.burst)
-	clamped := !debt.le(capacity)
-	if clamped {
-		// State left by a larger limit: an empty bucket of this one, which
-		// a denial writes, so that the next decision reads what the denial
-		// answered (its RetryAfter holds).
-		debt = capacity
+	if !allowed && k > 0 {
+		// D + k - cap, in whole microseconds rounded up.
+		res.RetryAfter = micros(max(du+ceilDiv(df+k-p.cap, p.q), 0))
 	}
-	if cost < 0 { // a refund: give -cost tokens back, never above capacity
-		res.Allowed = true
-		if back := p.times(-cost); back.le(debt) {
-			debt = p.sub(debt, back)
-		} else {
-			debt = span{}
+	return res
+}
+
+// ceilDiv is a/b rounded up, for any a and b >= 1 (Go's / rounds toward
+// zero, which is up for a negative a).
+func ceilDiv(a, b int64) int64 {
+	if a > 0 && a%b != 0 {
+		return a/b + 1
+	}
+	return a / b
+}
+
+func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
+
+// limitCache keeps the params of recently used Limits, so that a decision
+// neither validates its Limit again nor allocates: a store serving up to 16
+// Limits computes each once. A Limit beyond those replaces one in turn.
+type limitCache struct {
+	slots [16]atomic.Pointer[params]
+	next  atomic.Uint32
+}
+
+func (c *limitCache) get(l Limit) (*params, error) {
+	for i := range c.slots {
+		if p := c.slots[i].Load(); p != nil && p.l == l {
+			return p, nil
 		}
-		if debt != (span{}) {
-			nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
-		}
-	} else if next := p.add(debt, p.times(cost)); cost == 0 || next.le(capacity) {
-		res.Allowed = true
-		if cost > 0 {
-			debt = next
-			nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
-		}
-	} else {
-		res.RetryAfter = time.Duration(p.sub(next, capacity).ceil()) * time.Microsecond
 	}
-	if clamped && cost > 0 {
-		nb, write = bucket{tat: p.add(span{now, 0}, debt), rate: p.rate}, true
+	p, err := newParams(l)
+	if err != nil {
+		return nil, err
 	}
-	// Remaining = floor(A/T) with A = capacity - debt, T = period/rate:
-	// floor((A.u*rate + A.f) / period), in 128 bits. The quotient is at
-	// most burst, so it fits.
-	a := p.sub(capacity, debt)
-	var q uint64
-	if p.tr == 0 {
-		q = uint64(a.u / p.tq) // a.f is 0; tq >= 1 since period >= rate
-	} else {
-		hi, lo := bits.Mul64(uint64(a.u), uint64(p.rate))
-		var carry uint64
-		lo, carry = bits.Add64(lo, uint64(a.f), 0)
-		q, _ = bits.Div64(hi+carry, lo, uint64(p.period))
-	}
-	res.Remaining = int(min(int64(q), p.burst))
-	res.ResetAfter = time.Duration(debt.ceil()) * time.Microsecond
-	return nb, write
+	c.slots[c.next.Add(1)%uint32(len(c.slots))].Store(p)
+	return p, nil
 }
-
-// units is a Limit in the units of the script's one-key form
-// (lua/tokenbucket.lua): a debt (how far a bucket is from full) counts in
-// 1/q microsecond, one token is t of them, and the bucket holds cap = Burst*t.
-// q/t is rate/period in lowest terms (q = 1 when the rate divides the
-// period), as in params: the coarsest unit that keeps T exact, so the
-// numbers Redis parses and formats are as short as they can be.
-type units struct {
-	t, q, cap int64
-}
-
-// units returns p in the one-key form's units; ok is false when the
-// capacity is above 2^50 of them (a rate that does not divide a long period
-// with a large burst), and the call takes the general form.
-func (p *params) units() (u units, ok bool) {
-	if p.tr == 0 {
-		return units{t: p.tq, q: 1, cap: p.burst * p.tq}, true // burst*(tq+1) <= 2^50
-	}
-	if hi, lo := bits.Mul64(uint64(p.burst), uint64(p.period)); hi != 0 || lo > maxProduct {
-		return units{}, false
-	}
-	return units{t: p.period, q: p.rate, cap: p.burst * p.period}, true
-}
-
-// result reads the one-key form's reply r to a decision that added k to the
-// debt when allowed: the same Result as the general form's four integers
-// (all but Limit). ok is false for a reply the script cannot give.
-func (u *units) result(r, k int64) (res Result, ok bool) {
-	debt := r
-	if r < 0 {
-		debt = -1 - r
-	}
-	if debt < 0 || debt > u.cap || (r < 0 && (k <= 0 || debt+k <= u.cap)) {
-		return Result{}, false
-	}
-	u.fill(&res, r, k)
-	return res, true
-}
-
-// fill sets all but res.Limit from a valid one-key reply r (see result):
-// for a debt D after the decision, Remaining = floor((cap-D)/t),
-// ResetAfter = ceil(D/q) µs and, when denied, RetryAfter =
-// ceil((D+k-cap)/q) µs. It divides only by a t or q above 1: the Memory
-// store calls it on every decision.
-func (u *units) fill(res *Result, r, k int64) {
-	res.Allowed = r >= 0
-	debt := r
-	if r < 0 {
-		debt = -1 - r
-	}
-	left := u.cap - debt
-	if u.t != 1 {
-		left /= u.t
-	}
-	res.Remaining = int(left)
-	res.ResetAfter = time.Duration(ceilDivUnit(debt, u.q)) * time.Microsecond
-	res.RetryAfter = 0
-	if r < 0 {
-		res.RetryAfter = time.Duration(ceilDivUnit(debt+k-u.cap, u.q)) * time.Microsecond
-	}
-}
-
-// ceilDivUnit is ceilDiv(a, q) without a division when q is 1.
-func ceilDivUnit(a, q int64) int64 {
-	if q == 1 {
-		return a
-	}
-	return ceilDiv(a, q)
-}
-
-// ceilDiv is a/b rounded up, for a >= 0 and b >= 1.
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

@@ -4,49 +4,53 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"strings"
-	"unsafe"
 )
 
 // maxKeyLen is the longest key kept as it is; longer keys are hashed so that
 // a hostile header cannot blow up Redis or process memory.
 const maxKeyLen = 128
 
-// hashKey replaces a long key by "#" and its SHA-256 in unpadded base64url
-// (44 bytes in all). A Redis Cluster hash tag ("{...}", up to 64 bytes) in the
-// key is kept in front, so keys that must share a slot still do.
-func hashKey(key string) string {
-	var b [maxHashedKey]byte
-	return string(appendHashKey(b[:0], key))
+// keptAsIs reports whether both stores keep key's bucket under key itself.
+// Otherwise, when key is longer than maxKeyLen or starts with '#', they keep
+// it under hashKey(key): no key is kept under the hashed form of another,
+// since a key kept as it is never starts with '#'.
+func keptAsIs(key string) bool {
+	return len(key) <= maxKeyLen && !strings.HasPrefix(key, "#")
 }
 
-// maxHashedKey is the longest key hashKey returns: a tag of 64 bytes in
-// braces, "#" and 43 characters of base64.
-const maxHashedKey = 2 + 64 + 1 + 43
-
-// appendHashKey appends hashKey(key) to dst.
-func appendHashKey(dst []byte, key string) []byte {
-	// The key's bytes, not copied (a copy of a long key allocates):
-	// Sum256 only reads them.
-	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(key), len(key)))
-	if tag, ok := hashTag(key); ok && len(tag) <= 64 {
-		dst = append(dst, '{')
-		dst = append(dst, tag...)
-		dst = append(dst, '}')
-	}
-	dst = append(dst, '#')
-	return base64.RawURLEncoding.AppendEncode(dst, sum[:])
+// hashKey returns "#" and 23 bytes (184 bits) of key's SHA-256 in unpadded
+// base64url: 32 bytes, which a string conversion keeps on the stack.
+func hashKey(key string) (b [32]byte) {
+	sum := sha256.Sum256([]byte(key))
+	b[0] = '#'
+	base64.RawURLEncoding.Encode(b[1:], sum[:23])
+	return b
 }
 
-// hashTag returns the part of key that Redis Cluster hashes, when the key
-// has a non-empty "{...}" tag.
-func hashTag(key string) (string, bool) {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return "", false
+// group returns what decides the Redis Cluster slot (or Ring shard) of key:
+// the part inside its first "{...}", as Redis reads a hash tag, else the
+// whole key. Keys of one group are decided in one script call by TakeAll.
+func group(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			return key[open+1 : open+1+n]
+		}
 	}
-	close := strings.IndexByte(key[open+1:], '}')
-	if close <= 0 {
-		return "", false
+	return key
+}
+
+// tag returns the hash tag that the store puts in front of key on a Cluster
+// or Ring: 8 hex digits of the FNV-1a hash of key's group. The tag is the
+// library's, so a caller's braces choose only which keys go together, never
+// the slot itself (a subject cannot name one).
+func tag(key string) [8]byte {
+	g, sum := group(key), uint32(2166136261)
+	for i := 0; i < len(g); i++ {
+		sum = (sum ^ uint32(g[i])) * 16777619
 	}
-	return key[open+1 : open+1+close], true
+	var b [8]byte
+	for i := range b {
+		b[i] = "0123456789abcdef"[sum>>(28-4*i)&0xf]
+	}
+	return b
 }

@@ -16,11 +16,6 @@ var ErrInvalidLimit = errors.New("invalid limit")
 // error rather than a denial that would tell the client to retry.
 var ErrInvalidCost = errors.New("invalid cost")
 
-// maxProduct bounds Burst*Rate and Burst*ceil(Period/Rate) (in microseconds)
-// so that all bucket arithmetic stays exact in the integers that both Go and
-// Redis's Lua (doubles, exact to 2^53) hold.
-const maxProduct = 1 << 50
-
 // Limit is a token-bucket policy: a bucket of capacity Burst, refilled
 // continuously with Rate tokens per Period. A Limit is a plain value passed
 // on every call, so one store serves every route and tier.
@@ -42,10 +37,12 @@ func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst
 // Validate reports whether the stores can decide l exactly. Rate and Burst
 // must be at least 1; Period must be a positive whole number of microseconds
 // (the resolution of the stores' clocks); Burst*Rate must not exceed 2^50,
-// nor the time to refill the whole bucket 2^50 microseconds (about 35
-// years). The error wraps [ErrInvalidLimit] and names the field.
+// nor Burst*Period/gcd(Rate, Period), with Period in microseconds (the
+// bucket's capacity in the stores' units: at most 2^50 microseconds, about
+// 35 years, to refill it). The error wraps [ErrInvalidLimit] and names the
+// field.
 func (l Limit) Validate() error {
-	_, err := l.params()
+	_, err := newParams(l)
 	return err
 }
 

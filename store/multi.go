@@ -48,10 +48,10 @@ type Refunder interface {
 var ErrDuplicateKey = errors.New("duplicate key")
 
 // checkRequests validates reqs and returns their parameters.
-func checkRequests(reqs []Request) ([]params, error) {
-	ps := make([]params, len(reqs))
+func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
+	ps := make([]*params, len(reqs))
 	for i, q := range reqs {
-		p, err := q.Limit.params()
+		p, err := lc.get(q.Limit)
 		if err != nil {
 			return nil, err
 		}
@@ -66,6 +66,10 @@ func checkRequests(reqs []Request) ([]params, error) {
 		ps[i] = p
 	}
 	return ps, nil
+}
+
+func costError(key string, limit Limit, cost int) error {
+	return fmt.Errorf("store: take %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, cost, limit.Burst, limit)
 }
 
 func refundError(key string, limit Limit, tokens int) error {

@@ -6,11 +6,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,9 +90,43 @@ func TestRedisKeyHashing(t *testing.T) {
 	if s.Key(long) != got || s.Key(long+"b") == got {
 		t.Error("hashing is not a function of the whole key")
 	}
-	tagged := "{user:42}" + strings.Repeat("x", 200)
-	if got := s.Key(tagged); !strings.HasPrefix(got, store.DefaultKeyPrefix+"{user:42}#") {
-		t.Errorf("Key(tagged long) = %q; want the hash tag kept", got)
+	// A key of the hashed form is hashed too: no caller's key is stored
+	// under the hashed form of another.
+	if forged := strings.TrimPrefix(got, store.DefaultKeyPrefix); s.Key(forged) == got {
+		t.Errorf("Key(%q) = %q, the Redis key of a long key", forged, got)
+	}
+}
+
+// On a Cluster (or Ring) client the store puts its own hash tag in front
+// of every key: keys with the same first "{...}" share it, so that TakeAll
+// decides them together, and a caller's braces cannot name a slot.
+func TestRedisClusterKeys(t *testing.T) {
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{redistest.ClosedAddr(t)}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s := store.NewRedis(client)
+	tagOf := func(key string) string {
+		k := s.Key(key)
+		if !strings.HasPrefix(k, store.DefaultKeyPrefix+"{") || len(k) < len(store.DefaultKeyPrefix)+10 || k[len(store.DefaultKeyPrefix)+9] != '}' {
+			t.Fatalf("Key(%q) = %q; want the prefix, a tag of 8 characters, then the key", key, k)
+		}
+		return k[len(store.DefaultKeyPrefix)+1 : len(store.DefaultKeyPrefix)+9]
+	}
+	if got := s.Key("api:1.2.3.4"); !strings.HasSuffix(got, "}api:1.2.3.4") {
+		t.Errorf("Key(api:1.2.3.4) = %q; want the caller's key after the tag", got)
+	}
+	if tagOf("{user:42}:10/s") != tagOf("{user:42}:1000/h") || tagOf("{user:42}:10/s") == tagOf("{user:43}:10/s") {
+		t.Error("keys with the same {...} must share a tag, others not")
+	}
+	// The tag is the store's: a subject that names a tag of its own does
+	// not get it.
+	for _, subject := range []string{"{x}", "x}{y", "{" + tagOf("a") + "}"} {
+		if k := s.Key("api:" + subject); strings.Contains(k[:len(store.DefaultKeyPrefix)+10], subject) {
+			t.Errorf("Key(api:%s) = %q; want a tag that is not the subject's", subject, k)
+		}
+	}
+	long := "{user:42}" + strings.Repeat("x", 200)
+	if tagOf(long) != tagOf("{user:42}:10/s") || len(s.Key(long)) > len(store.DefaultKeyPrefix)+10+32 {
+		t.Errorf("Key(long, tagged) = %q; want its group's tag and the hashed key", s.Key(long))
 	}
 }
 
@@ -199,16 +231,46 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 
 func TestRedisTakeReturnsByDeadline(t *testing.T) {
 	addr := redistest.HangingAddr(t)
-	for _, ctxTimeouts := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+	for _, pipelines := range []int{store.DefaultBatchPipelines, 0} {
+		t.Run(fmt.Sprintf("batching=%d", pipelines), func(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 5 * time.Second,
-				MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
+				MaxRetries: -1, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { client.Close() })
-			s := store.NewRedis(client)
+			s := store.NewRedis(client, store.WithBatching(pipelines))
 			for range 3 {
 				failsWithin(t, s, 50*time.Millisecond, 70*time.Millisecond)
 			}
 		})
+	}
+}
+
+// A client that would hold a call past its context's deadline is refused by
+// Validate (so by middleware.New), with an error that says what to set.
+func TestRedisValidateDeadlines(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+		ok     bool
+	}{
+		{"client", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), false},
+		{"client with ContextTimeoutEnabled", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), true},
+		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}}), false},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), false},
+		{"cluster with ContextTimeoutEnabled", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), true},
+		{"ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), false},
+		{"universal", redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), true},
+	} {
+		t.Cleanup(func() { tc.client.Close() })
+		err := store.NewRedis(tc.client).Validate()
+		if tc.ok && err != nil {
+			t.Errorf("%s: Validate = %v; want nil", tc.name, err)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled")) {
+			t.Errorf("%s: Validate = %v; want an error naming ContextTimeoutEnabled", tc.name, err)
+		}
+	}
+	if err := store.NewRedis(redis.NewClient(&redis.Options{ContextTimeoutEnabled: true}), store.WithBatching(-1)).Validate(); err == nil {
+		t.Error("Validate with WithBatching(-1) = nil; want an error")
 	}
 }
 
@@ -247,7 +309,7 @@ func TestRedisClusterFirstTakeReturnsByDeadline(t *testing.T) {
 	}()
 	for _, pipelines := range []int{store.DefaultBatchPipelines, 0} {
 		t.Run(fmt.Sprintf("batching=%d", pipelines), func(t *testing.T) {
-			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: time.Second})
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: time.Second, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { client.Close() })
 			s := store.NewRedis(client, store.WithBatching(pipelines))
 			for range 2 {
@@ -352,9 +414,8 @@ func TestRedisTakeNeverPanics(t *testing.T) {
 	}
 	_, client, _ := newMiniredis(t)
 	client.AddHook(panicHook{})
-	// With batching, calls run on the batcher's goroutines; without, with
-	// a deadline and a client that ignores it, Take runs the call on a
-	// goroutine of its own: a panic there must come back as an error.
+	// With batching or without, a panic in a client hook comes back as an
+	// error.
 	for _, n := range []int{store.DefaultBatchPipelines, 0} {
 		r, err := store.NewRedis(client, store.WithBatching(n)).Take(ctx, "k", store.PerSecond(1), 1)
 		if err == nil || !strings.Contains(err.Error(), "panic: hook exploded") {
@@ -390,108 +451,6 @@ func TestRedisLongTTL(t *testing.T) {
 			}
 			if r, err := s.Take(ctx, c.name, c.limit, 0); err != nil || r.ResetAfter <= c.want-time.Second {
 				t.Errorf("read back = %+v, %v; want the bucket %v from full", r, err, c.want)
-			}
-		})
-	}
-}
-
-// argCounter records the number of ARGV of the last script call.
-type argCounter struct{ argv atomic.Int64 }
-
-func (h *argCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *argCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			h.argv.Store(int64(len(cmd.Args()) - 4)) // EVALSHA sha numkeys key ARGV...
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *argCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// The store decides one key with the script's one-key form when the limit
-// fits it; the general form, given the same decisions on the same clock,
-// answers the same and leaves the same state and TTL — so the two can share
-// a key (a Take, and a TakeAll of several keys).
-func TestRedisScriptFormsAgree(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		limit store.Limit
-		argv  int64 // the form Take uses: 2 or 3 (one-key), 4 (general)
-	}{
-		{"rate divides period", store.PerMinute(10), 2},
-		{"fraction", store.Limit{Rate: 3, Period: time.Second, Burst: 5}, 3},
-		{"benchmark's", store.Limit{Rate: 10_000_000, Period: time.Second, Burst: 100_000_000}, 3},
-		{"fraction, long TTL", store.Limit{Rate: 7, Period: 1_000_000*time.Second + time.Microsecond, Burst: 3}, 3},
-		{"capacity above 2^50 units", store.Limit{Rate: 999_983, Period: 1000 * time.Second, Burst: 2_000_000}, 4},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			mr, client, advance := newMiniredis(t)
-			h := &argCounter{}
-			client.AddHook(h)
-			s := store.NewRedis(client, store.WithBatching(0))
-			ctx := context.Background()
-			lim := c.limit
-			period := lim.Period.Microseconds()
-			rng := rand.New(rand.NewPCG(1, uint64(lim.Rate)))
-			for i := range 300 {
-				advance(time.Duration(rng.Int64N(int64(lim.Period)/int64(lim.Rate)*3+1)) / time.Microsecond * time.Microsecond)
-				cost := []int{0, 1, 1, 1, 2, lim.Burst, rng.IntN(lim.Burst + 1), -1, -rng.IntN(lim.Burst + 1)}[rng.IntN(9)]
-				var got store.Result
-				var err error
-				if cost >= 0 {
-					got, err = s.Take(ctx, "a", lim, cost)
-				} else {
-					got, err = s.Refund(ctx, "a", lim, -cost)
-				}
-				if err != nil {
-					t.Fatalf("op %d: cost %d: %v", i, cost, err)
-				}
-				if n := h.argv.Load(); n != c.argv {
-					t.Fatalf("op %d: the script got %d arguments; want %d", i, n, c.argv)
-				}
-				reply, err := client.EvalSha(ctx, lua.TokenBucketSHA1, []string{"tollgate:b"},
-					lim.Rate, period, lim.Burst, cost).Int64Slice()
-				if err != nil || len(reply) != 4 {
-					t.Fatalf("op %d: general form: %v, %v", i, reply, err)
-				}
-				want := store.Result{Limit: lim, Allowed: reply[0] == 1, Remaining: int(reply[1]),
-					RetryAfter: time.Duration(reply[2]) * time.Microsecond, ResetAfter: time.Duration(reply[3]) * time.Microsecond}
-				if got != want {
-					t.Fatalf("op %d: cost %d: one-key form %+v, general form %+v", i, cost, got, want)
-				}
-				va, _ := mr.Get("tollgate:a")
-				vb, _ := mr.Get("tollgate:b")
-				if va != vb || mr.TTL("tollgate:a") != mr.TTL("tollgate:b") {
-					t.Fatalf("op %d: cost %d: state %q TTL %v, general form's %q TTL %v", i, cost,
-						va, mr.TTL("tollgate:a"), vb, mr.TTL("tollgate:b"))
-				}
-			}
-		})
-	}
-}
-
-// The one-key form reads back what it wrote whatever decimal text its Q came
-// as: a client in another language may send "3.0" or "03".
-func TestRedisScriptQAsText(t *testing.T) {
-	for _, q := range []string{"3", "3.0", "03", " 3"} {
-		t.Run(q, func(t *testing.T) {
-			_, client, _ := newMiniredis(t)
-			ctx := context.Background()
-			// 3 tokens per 5 µs, burst 3: t = 5 units of 1/3 µs, cap = 15.
-			for i, want := range []int64{5, 10, 15, -16} {
-				got, err := client.EvalSha(ctx, lua.TokenBucketSHA1, []string{"k"}, 15, 5, q).Int64()
-				if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
-					got, err = client.Eval(ctx, lua.TokenBucket, []string{"k"}, 15, 5, q).Int64()
-				}
-				if err != nil || got != want {
-					t.Fatalf("call %d = %d, %v; want %d (state %q)", i, got, err, want, client.Get(ctx, "k").Val())
-				}
-				if v := client.Get(ctx, "k").Val(); i == 0 && !strings.HasSuffix(v, "+2/3") {
-					t.Errorf("state %q after 5/3 µs of debt; want the fraction as +2/3", v)
-				}
 			}
 		})
 	}

@@ -286,7 +286,7 @@ func (c *ClusterInstance) stopAll() {
 // t.Cleanup.
 func (c *ClusterInstance) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }

@@ -468,7 +468,7 @@ func (i *Instance) Restart() {
 // client uses go-redis defaults; build your own from Addr to tune timeouts.
 func (i *Instance) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: i.Addr})
+	c := redis.NewClient(&redis.Options{Addr: i.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

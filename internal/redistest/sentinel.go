@@ -448,8 +448,9 @@ func (s *SentinelInstance) logTails() string {
 func (s *SentinelInstance) Client(t testing.TB) *redis.Client {
 	t.Helper()
 	c := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName:    s.MasterName,
-		SentinelAddrs: s.SentinelAddrs,
+		MasterName:            s.MasterName,
+		SentinelAddrs:         s.SentinelAddrs,
+		ContextTimeoutEnabled: true,
 	})
 	t.Cleanup(func() { _ = c.Close() })
 	return c

@@ -5,9 +5,12 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,6 +177,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Refund", func(t *testing.T) { refund(t, h) })
 	t.Run("SmallerLimit", func(t *testing.T) { smallerLimit(t, h, false) })
 	t.Run("SmallerLimitTakeAll", func(t *testing.T) { smallerLimit(t, h, true) })
+	t.Run("TwoLimits", func(t *testing.T) { twoLimits(t, h) })
+	t.Run("HashedKeys", func(t *testing.T) { hashedKeys(t, h) })
 }
 
 func runSequence(t *testing.T, h Harness, seq Sequence) {
@@ -273,6 +278,38 @@ func keysAreIndependent(t *testing.T, h Harness) {
 	}
 	if r, err := s.Take(ctx, longB, store.PerMinute(1), 1); err != nil || !r.Allowed {
 		t.Fatalf("Take(long b) = %+v, %v; want allowed: long keys must not share a bucket", r, err)
+	}
+}
+
+// hashedKeys: a key of the form a long key is stored under ("#" and 43
+// characters) is a bucket of its own, and TakeAll given a long key and that
+// form decides two buckets (it neither deadlocks nor charges one).
+func hashedKeys(t *testing.T, h Harness) {
+	s := h.New(t)
+	ctx := context.Background()
+	long := Key(t) + ":" + strings.Repeat("x", 200)
+	lim := store.PerMinute(1)
+	if r, err := s.Take(ctx, long, lim, 1); err != nil || !r.Allowed {
+		t.Fatalf("Take(long) = %+v, %v; want allowed", r, err)
+	}
+	sum := sha256.Sum256([]byte(long))
+	for _, forged := range []string{
+		"#" + base64.RawURLEncoding.EncodeToString(sum[:]),
+		"#" + base64.RawURLEncoding.EncodeToString(sum[:23]),
+		"#" + base64.StdEncoding.EncodeToString(sum[:]),
+	} {
+		if r, err := s.Take(ctx, forged, lim, 1); err != nil || !r.Allowed {
+			t.Errorf("Take(%q) = %+v, %v; want allowed: not the long key's bucket", forged, r, err)
+		}
+	}
+	other := Key(t) + ":" + strings.Repeat("y", 200)
+	osum := sha256.Sum256([]byte(other))
+	res, err := multi(t, s).TakeAll(ctx, []store.Request{
+		{Key: other, Limit: lim, Cost: 1},
+		{Key: "#" + base64.RawURLEncoding.EncodeToString(osum[:23]), Limit: lim, Cost: 1},
+	})
+	if err != nil || !res[0].Allowed || res[0].Remaining != 0 || res[1].Remaining != 0 {
+		t.Errorf("TakeAll(long key, its hashed form) = %+v, %v; want two buckets, both taken", res, err)
 	}
 }
 
@@ -476,16 +513,16 @@ func refund(t *testing.T, h Harness) {
 }
 
 // smallerLimit: a key drained under a large limit, then decided under a
-// smaller one (a limit lowered while its name stays), is an empty bucket of
-// the smaller limit, and the answers say so consistently: the RetryAfter of
-// a denial is when a Take succeeds, not an instant at which the state the
-// larger limit left still refuses it.
+// smaller one (a limit lowered while its name stays), stays drained: state
+// never moves backwards, so the smaller limit waits until the state that the
+// larger one left is within its own capacity, and its denials write nothing
+// that would let the larger limit through sooner.
 func smallerLimit(t *testing.T, h Harness, viaTakeAll bool) {
 	s := h.New(t)
 	ctx := context.Background()
 	key := Key(t)
 	large := store.Limit{Rate: 1, Period: time.Hour, Burst: 100} // drained: full again in 100 hours
-	small := store.PerSecond(10)                                 // empty: full again in 1 s
+	small := store.PerSecond(10)                                 // holds 1 s of debt
 	take := func(lim store.Limit, cost int) store.Result {
 		t.Helper()
 		if !viaTakeAll {
@@ -508,29 +545,79 @@ func smallerLimit(t *testing.T, h Harness, viaTakeAll bool) {
 	if h.Advance == nil {
 		slack = h.Slack
 	}
-	r := take(small, 1)
-	if r.Allowed || r.Remaining != 0 {
-		t.Fatalf("first Take under the smaller limit = %+v; want denied, 0 left", r)
+	// One token of the small limit fits once the debt is down to 900 ms.
+	wantRetry := 100*time.Hour - 900*ms
+	for i := range 3 {
+		r := take(small, 1)
+		if r.Allowed || r.Remaining != 0 {
+			t.Fatalf("Take %d under the smaller limit = %+v; want denied, 0 left", i, r)
+		}
+		checkDuration(t, i, "RetryAfter", r.RetryAfter, wantRetry, slack)
+		checkDuration(t, i, "ResetAfter", r.ResetAfter, 100*time.Hour, slack)
 	}
-	checkDuration(t, 0, "RetryAfter", r.RetryAfter, 100*ms, slack)
-	checkDuration(t, 0, "ResetAfter", r.ResetAfter, time.Second, slack)
-	// A read agrees, and so does a second denial.
-	if r := take(small, 0); r.Remaining != 0 {
-		t.Errorf("read under the smaller limit = %+v; want 0 left", r)
+	if r := take(small, 0); r.Remaining != 0 || !r.Allowed {
+		t.Errorf("read under the smaller limit = %+v; want allowed, 0 left", r)
+	}
+	// The denials wrote nothing: the large limit is as drained as before.
+	if r := take(large, 1); r.Allowed || r.Remaining != 0 {
+		t.Errorf("Take under the large limit after the small one's denials = %+v; want denied", r)
 	} else {
-		checkDuration(t, 1, "ResetAfter", r.ResetAfter, time.Second, slack)
+		checkDuration(t, 3, "RetryAfter (large)", r.RetryAfter, time.Hour, slack)
 	}
+	if h.Advance == nil {
+		return
+	}
+	h.Advance(wantRetry - time.Microsecond)
 	if r := take(small, 1); r.Allowed {
-		t.Errorf("second Take under the smaller limit = %+v; want denied", r)
-	} else {
-		checkDuration(t, 2, "RetryAfter", r.RetryAfter, 100*ms, slack)
+		t.Errorf("Take 1µs before RetryAfter = %+v; want denied", r)
 	}
-	if h.Advance != nil {
-		h.Advance(r.RetryAfter)
-	} else {
-		time.Sleep(r.RetryAfter + slack)
-	}
+	h.Advance(time.Microsecond)
 	if r := take(small, 1); !r.Allowed {
 		t.Errorf("Take once RetryAfter has passed = %+v; want allowed", r)
 	}
+}
+
+// twoLimits: one key decided in turn under two Limits, with costs 1 to 3,
+// on a clock that does not move (or barely does): each Limit lets through
+// no more than its own Burst, whatever the other did.
+func twoLimits(t *testing.T, h Harness) {
+	s := h.New(t)
+	ctx := context.Background()
+	key := Key(t)
+	limits := []store.Limit{
+		{Rate: 100, Period: time.Second, Burst: 50},
+		{Rate: 200, Period: time.Second, Burst: 10},
+		{Rate: 3, Period: time.Second, Burst: 7},
+	}
+	allowed := make([]int, len(limits))
+	start := time.Now()
+	for i := range 600 {
+		j, cost := i%len(limits), 1+i%3
+		r, err := s.Take(ctx, key, limits[j], cost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			allowed[j] += cost
+		}
+	}
+	elapsed := time.Since(start)
+	if h.Advance != nil {
+		elapsed = 0
+	}
+	for j, lim := range limits {
+		if max := Allowance(lim, elapsed); float64(allowed[j]) > max {
+			t.Errorf("%v let %d tokens through in %v; want at most %.1f", lim, allowed[j], elapsed, max)
+		}
+	}
+	if allowed[0] == 0 {
+		t.Errorf("%v let nothing through; want its burst, less what the others took", limits[0])
+	}
+}
+
+// Allowance is the most tokens a bucket of lim can let through in elapsed
+// time: Burst + Rate·elapsed/Period, plus one for the rounding of the
+// stores' microsecond clocks.
+func Allowance(lim store.Limit, elapsed time.Duration) float64 {
+	return float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()/lim.Period.Seconds() + 1
 }
