@@ -122,10 +122,19 @@ func (p *params) state(du, df, now int64) (s tat, ok bool) {
 // units. When the decision was not allowed, RetryAfter is the time until k
 // units fit (0 when they fit now: a TakeAll that another bucket denied).
 func (p *params) result(du, df, k int64, allowed bool) Result {
-	res := Result{Limit: p.l, Allowed: allowed, ResetAfter: micros(du)}
+	var res Result
+	p.fill(&res, du, df, k, allowed)
+	return res
+}
+
+// fill is result into res: the Memory store fills in its caller's Result,
+// which saves copying one (a tenth of a decision, measured on one hot key).
+func (p *params) fill(res *Result, du, df, k int64, allowed bool) {
+	res.Limit, res.Allowed, res.ResetAfter = p.l, allowed, micros(du)
 	if df > 0 { // 0 <= df < q: rounded up, a microsecond more
 		res.ResetAfter += time.Microsecond
 	}
+	res.Remaining = 0
 	if du <= p.capUs {
 		if left := p.cap - du*p.q - df; left > 0 && p.t == 1 {
 			res.Remaining = int(left)
@@ -133,11 +142,11 @@ func (p *params) result(du, df, k int64, allowed bool) Result {
 			res.Remaining = int(left / p.t)
 		}
 	}
+	res.RetryAfter = 0
 	if !allowed && k > 0 {
 		// D + k - cap, in whole microseconds rounded up.
 		res.RetryAfter = micros(max(du+ceilDiv(df+k-p.cap, p.q), 0))
 	}
-	return res
 }
 
 // ceilDiv is a/b rounded up, for any a and b >= 1 (Go's / rounds toward
@@ -157,6 +166,23 @@ func micros(n int64) time.Duration { return time.Duration(n) * time.Microsecond 
 type limitCache struct {
 	slots [16]atomic.Pointer[params]
 	next  atomic.Uint32
+}
+
+// units returns limit's params and the units of n tokens, negative when
+// they are given back (refund), or the error for an invalid limit or n.
+func (c *limitCache) units(key string, limit Limit, n int, refund bool) (*params, int64, error) {
+	p, err := c.get(limit)
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case (n < 0 || n > limit.Burst) && refund:
+		return nil, 0, refundError(key, limit, n)
+	case n < 0 || n > limit.Burst:
+		return nil, 0, costError(key, limit, n)
+	case refund:
+		return p, -int64(n) * p.t, nil
+	}
+	return p, int64(n) * p.t, nil
 }
 
 func (c *limitCache) get(l Limit) (*params, error) {

@@ -30,8 +30,8 @@ const shards = 64
 //
 // Buckets live in 64 maps, each behind a mutex; a decision holds one for a
 // map lookup and a few integer operations. A bucket exists only while it is
-// not full: buckets that are full again are dropped by a background sweeper
-// and when a refund fills them. No more than MaxKeys buckets live at once:
+// not full: buckets that are full again are dropped by a background sweeper,
+// and when a read or a refund finds them so. No more than MaxKeys buckets live at once:
 // when a new key would exceed it, a few buckets are sampled, and those that
 // are full are dropped, or else the one nearest to full is forgotten (see
 // [Memory.Evicted]), which can only loosen that key's limit.
@@ -151,34 +151,27 @@ func NewMemory(opts ...MemoryOption) *Memory {
 
 // Take implements [Store]. It never blocks on I/O and ignores ctx, so it
 // still decides when the caller's deadline has passed (as in degraded mode
-// after a Redis timeout). It keeps no reference to key once it returns (a
-// key it stores is copied), so a caller may pass a string whose bytes it
-// reuses afterwards.
-func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Result, error) {
-	p, err := m.limits.get(limit)
-	if err != nil {
-		return Result{}, err
+// after a Redis timeout). It keeps no reference to key.
+func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
+	p, k, err := m.limits.units(key, limit, cost, false)
+	if err == nil {
+		m.decide(&res, key, p, k)
 	}
-	if cost < 0 || cost > limit.Burst {
-		return Result{}, costError(key, limit, cost)
-	}
-	return m.decide(key, p, int64(cost)*p.t), nil
+	return res, err
 }
 
 // Refund implements [Refunder].
-func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (Result, error) {
-	p, err := m.limits.get(limit)
-	if err != nil {
-		return Result{}, err
+func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
+	p, k, err := m.limits.units(key, limit, tokens, true)
+	if err == nil {
+		m.decide(&res, key, p, k)
 	}
-	if tokens < 0 || tokens > limit.Burst {
-		return Result{}, refundError(key, limit, tokens)
-	}
-	return m.decide(key, p, -int64(tokens)*p.t), nil
+	return res, err
 }
 
-// decide adds k units to key's bucket (takes, or gives back when k < 0).
-func (m *Memory) decide(key string, p *params, k int64) Result {
+// decide adds k units to key's bucket (takes, or gives back when k < 0),
+// and describes it in res.
+func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	b := m.id(key)
 	now := m.now() // outside the lock: the clock is the slowest step
 	sh := &m.shards[b[0]%shards]
@@ -197,7 +190,7 @@ func (m *Memory) decide(key string, p *params, k int64) Result {
 		m.write(sh, b, s, p, du, df, now, []*shard{sh})
 	}
 	sh.mu.Unlock()
-	return p.result(du, df, k, allowed)
+	p.fill(res, du, df, k, allowed)
 }
 
 // advance returns the instant a decision on sh uses: now, or the latest
@@ -252,26 +245,15 @@ func (m *Memory) evict(held []*shard, now int64) {
 		}
 	}
 	for i := range m.shards {
-		sh := &m.shards[i]
-		if isHeld(held, sh) || !sh.mu.TryLock() {
-			continue
-		}
-		ok := m.evictFrom(sh, sh.advance(now))
-		sh.mu.Unlock()
-		if ok {
-			return
+		if sh := &m.shards[i]; !slices.Contains(held, sh) && sh.mu.TryLock() {
+			ok := m.evictFrom(sh, sh.advance(now))
+			sh.mu.Unlock()
+			if ok {
+				return
+			}
 		}
 	}
 	runtime.Gosched()
-}
-
-func isHeld(held []*shard, sh *shard) bool {
-	for _, h := range held {
-		if h == sh {
-			return true
-		}
-	}
-	return false
 }
 
 // evictFrom samples up to 8 buckets of sh (map iteration starts at a random

@@ -20,25 +20,14 @@ const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, so that every server of an
 // application shares one limit. Each Take is one EVALSHA of [lua.TokenBucket]
-// (one round trip, atomic, on Redis's clock); when Redis does not have the
-// script cached, the same call is sent once more as EVAL, which caches it.
+// (one round trip, atomic, on Redis's clock), sent again once as EVAL when
+// Redis does not have the script. Every key carries a TTL equal to the time
+// until its bucket is full again; a restart without persistence refills
+// every bucket. Concurrent Takes are batched (see [WithBatching]).
 //
-// The Redis key of a bucket is the prefix followed by the caller's key, or
-// by "#" and its SHA-256 when the key is longer than 128 bytes or starts
-// with '#' (see [Redis.Key]). On a Cluster or Ring client the store puts a
-// hash tag of its own in front, derived from the caller's key: keys whose
-// first "{...}" is the same share it, so that TakeAll decides them in one
-// call, and no caller's text names a slot. Every key carries a TTL equal to
-// the time until its bucket is full again. Buckets are lost when Redis loses
-// its data (a restart without persistence): they start full again.
-//
-// Concurrent Takes are batched (see [WithBatching]). The client must end its
-// calls at the context's deadline (ContextTimeoutEnabled: true); otherwise
-// [Redis.Validate] reports an error, and a Take waits for the client's own
-// timeouts.
-//
-// Redis works with any [redis.UniversalClient] of go-redis: a single node,
-// Sentinel ([redis.NewFailoverClient]), Cluster and Ring. It is safe for
+// Redis works with a go-redis Client (single node or Sentinel), ClusterClient
+// or Ring, which must end its calls at the context's deadline
+// (ContextTimeoutEnabled: true; see [Redis.Validate]). It is safe for
 // concurrent use; its zero value is not usable, call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
@@ -69,20 +58,13 @@ func WithKeyPrefix(prefix string) RedisOption {
 }
 
 // WithBatching sets how many pipelines the store keeps in flight per Redis
-// node (default [DefaultBatchPipelines]); 0 turns batching off, so that
-// every Take is a call of its own on the client's pool.
-//
-// With batching, a Take is sent at once, alone, when fewer than n pipelines
-// are in flight, so at low load batching adds no delay; otherwise it leaves
-// with the next pipeline, together with every Take queued meanwhile (at
-// most 128), each still one EVALSHA of its own and answered on its own.
-// Under load that costs Redis fewer reads and writes per decision. On a
-// Cluster, Takes are batched per master, and one that the node redirects
-// (MOVED, ASK) is sent again alone through the Cluster client. Client hooks
-// see pipelines rather than single commands.
-//
-// A negative n is an error that [Redis.Validate] reports (and
-// middleware.New refuses); the store keeps the default.
+// node (default [DefaultBatchPipelines]); 0 turns batching off. A Take is
+// sent at once, alone, while fewer than n are in flight (so batching adds no
+// delay at low load), else with the next pipeline, with every Take queued
+// meanwhile (at most 128), each still one EVALSHA answered on its own. On a
+// Cluster, Takes are batched per master; a redirected one (MOVED, ASK) is
+// sent again alone through the Cluster client. Client hooks see pipelines.
+// A negative n is an error that [Redis.Validate] reports.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n < 0 {
@@ -158,7 +140,12 @@ func (r *Redis) Validate() error {
 	return nil
 }
 
-// Key returns the Redis key that holds the bucket named key.
+// Key returns the Redis key that holds the bucket named key: the prefix and
+// key, or "#" and its SHA-256 when key is longer than 128 bytes or starts
+// with '#' (so that no key is stored under the hashed form of another). On
+// a Cluster or Ring client, the store's own hash tag comes first, derived
+// from key's group (its first "{...}", else all of it): keys of a group
+// share a slot, and no caller's text names one.
 func (r *Redis) Key(key string) string {
 	stored := key
 	if !keptAsIs(key) {
@@ -175,74 +162,41 @@ func (r *Redis) Key(key string) string {
 // Take implements [Store]. A Redis error, or ctx ending first, is returned
 // wrapped; the decision is then the caller's (its failure policy).
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
-	p, err := r.limits.get(limit)
-	if err != nil {
-		return Result{}, err
-	}
-	if cost < 0 || cost > limit.Burst {
-		return Result{}, costError(key, limit, cost)
-	}
-	return r.one(ctx, key, p, int64(cost))
+	return r.one(ctx, Request{key, limit, cost}, 1)
 }
 
 // Refund implements [Refunder] with the same script and a negative cost.
 func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error) {
-	p, err := r.limits.get(limit)
+	return r.one(ctx, Request{key, limit, tokens}, -1)
+}
+
+// one decides q alone, a Take (sign 1) or a Refund (sign -1).
+func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) {
+	p, k, err := r.limits.units(q.Key, q.Limit, q.Cost, sign < 0)
 	if err != nil {
 		return Result{}, err
 	}
-	if tokens < 0 || tokens > limit.Burst {
-		return Result{}, refundError(key, limit, tokens)
-	}
-	return r.one(ctx, key, p, -int64(tokens))
-}
-
-// one runs the script for one key and a cost (a refund when negative).
-func (r *Redis) one(ctx context.Context, key string, p *params, cost int64) (Result, error) {
-	if r.client == nil {
-		return Result{}, fmt.Errorf("store: take %q: %w", key, errNilClient)
-	}
-	k := cost * p.t
-	var karg any = p.k1
-	if cost != 1 {
-		karg = k
-	}
-	c := newCall(ctx, key, 1)
-	c.args = append(c.args, r.Key(key), karg, p.args[0], p.args[1])
-	abandoned, err := r.exec(ctx, c)
+	var debts [2]int64
+	allowed, err := r.group(ctx, []Request{q}, []*params{p}, []int{0}, sign, debts[:])
 	if err != nil {
-		if !abandoned {
-			c.release()
-		}
 		return Result{}, err
 	}
-	res := p.result(c.debts[0], c.debts[1], k, c.allowed)
-	c.release()
-	return res, nil
+	return p.result(debts[0], debts[1], k, allowed), nil
 }
 
-// TakeAll implements [MultiStore]. On a single node or Sentinel client all
-// requests are one script call, atomic. On a Cluster or Ring, requests whose
-// keys have the same first "{...}" ("{user:42}:10/s" and "{user:42}:1000/h")
-// are one call, atomic — the middleware names its keys so — and the groups
-// are called in the order in which they first appear in reqs. When a later
-// call is denied or fails, the tokens the earlier calls took are given back
-// (each refund within 100 ms, even after ctx has ended; TakeAll waits for
-// them only while ctx lasts), and the buckets of the groups not asked are
-// read without taking, while ctx lasts. A refund that fails leaves its
-// tokens taken: the limit errs on the strict side, never the loose one.
+// TakeAll implements [MultiStore], in one atomic script call on a single
+// node or Sentinel client. On a Cluster or Ring, each group of keys (see
+// [Redis.Key]: "{user:42}:10/s" and "{user:42}:1000/h" are one) is a call,
+// in order of first appearance; when one is denied or fails, the tokens the
+// earlier ones took are given back (each refund within 100 ms, even once
+// ctx has ended), and the groups not asked are read while ctx lasts. A
+// refund that fails leaves its tokens taken: strict, never loose.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &r.limits)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Result, len(reqs))
-	if len(reqs) == 0 {
-		return out, nil
-	}
-	if r.client == nil {
-		return nil, fmt.Errorf("store: take %q: %w", reqs[0].Key, errNilClient)
-	}
 	debts := make([]int64, 2*len(reqs))
 	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
 	groups := r.groups(reqs)
@@ -309,12 +263,19 @@ func (r *Redis) groups(reqs []Request) [][]int {
 // costs multiplied by sign (1: take, 0: read, -1: give back), and writes
 // each one's debt after it into debts[2i], debts[2i+1].
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []*params, g []int, sign int64, debts []int64) (bool, error) {
+	if r.client == nil {
+		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
+	}
 	c := newCall(ctx, reqs[g[0]].Key, len(g))
 	for _, i := range g {
 		c.args = append(c.args, r.Key(reqs[i].Key))
 	}
 	for _, i := range g {
-		c.args = append(c.args, sign*int64(reqs[i].Cost)*ps[i].t, ps[i].args[0], ps[i].args[1])
+		var k any = ps[i].k1 // boxed once: boxing an integer above 255 allocates
+		if sign != 1 || reqs[i].Cost != 1 {
+			k = sign * int64(reqs[i].Cost) * ps[i].t
+		}
+		c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
 	}
 	if abandoned, err := r.exec(ctx, c); err != nil {
 		if !abandoned {
