@@ -1,6 +1,5 @@
-// Package lua holds tollgate's Redis Lua script and documents its protocol,
-// so that a service written in another language can share the same buckets
-// by running the same script with the same arguments.
+// Package lua holds tollgate's Redis Lua script and documents its protocol, so
+// that a service in another language can share the buckets by running it.
 //
 // # Token bucket
 //
@@ -16,16 +15,12 @@
 //
 // For a decision of c tokens, k = c*t (0 reads the bucket; a negative k
 // gives -c tokens back, never above full) and cap = burst*t; all are
-// integers with 1 <= cap <= 2^50, -cap <= k <= cap and 1 <= q <= 2^50. The
-// call applies every k when, for every bucket, k <= 0 or D + k <= cap: TAT
-// becomes max(TAT, now) + k/q (or moves back by -k/q for a refund);
-// otherwise it writes nothing. The reply is
-//
-//	{allowed, du1, df1, ..., dun, dfn}
-//
-// where allowed is 1 when the ks were applied, and bucket i's debt after the
-// call is dui + dfi/q microseconds (0 <= dfi < q). From a debt D = du*q + df
-// units, a caller reads
+// integers with 1 <= cap <= 2^50, -cap <= k <= cap and 1 <= q <= 2^50. When,
+// for every bucket, k <= 0 or D + k <= cap, every TAT becomes
+// max(TAT, now) + k/q; otherwise nothing is written. The reply is
+// {allowed, du1, df1, ..., dun, dfn}: allowed is 1 when the ks were applied,
+// and bucket i's debt after the call is dui + dfi/q microseconds
+// (0 <= dfi < q). From a debt D = du*q + df units, a caller reads
 //
 //	remaining       = floor((cap - D) / t), at least 0   whole tokens left
 //	reset_after_us  = du + (1 if df > 0)                  until the bucket is full
@@ -40,7 +35,7 @@
 // or a decision under another limit on the same key (whose fraction, in
 // another q, is rounded up), never hands tokens back. Every write sets the
 // key's expiry to the time until the bucket is full again, so no key lives
-// without a TTL, and a bucket that is full again is deleted. A value that is
-// not a state is read as a full bucket. Arguments out of range get an error
-// reply starting with "ERR tollgate:".
+// without a TTL; a bucket that is full again is deleted. A value that is not
+// a state is read as a full bucket. Arguments out of range get an error reply
+// starting with "ERR tollgate:".
 package lua

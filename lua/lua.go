@@ -3,7 +3,7 @@ package lua
 import (
 	"crypto/sha1"
 	_ "embed"
-	"encoding/hex"
+	"fmt"
 )
 
 // TokenBucket is the source of the token-bucket script (tokenbucket.lua).
@@ -14,9 +14,4 @@ var TokenBucket string
 
 // TokenBucketSHA1 is the hex SHA1 digest of [TokenBucket], the name under
 // which Redis caches the script for EVALSHA.
-var TokenBucketSHA1 = sha1Hex(TokenBucket)
-
-func sha1Hex(s string) string {
-	sum := sha1.Sum([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
+var TokenBucketSHA1 = fmt.Sprintf("%x", sha1.Sum([]byte(TokenBucket)))

@@ -16,21 +16,14 @@ import (
 // small and one slow reply holds up few callers.
 const maxBatch = 128
 
-// A batcher gathers the calls for one Redis node (or a Ring) into
-// pipelines. A call goes out at once, alone, from its caller's goroutine
-// when nothing is queued and fewer than r.pipelines pipelines are in flight:
-// at low load batching adds nothing. Otherwise it is queued, and a worker
-// sends everything queued in one pipeline. Workers exit when the queue is
-// empty, so an idle store runs no goroutine.
-//
-// Batching is kept for what it was measured to give: at 64 goroutines on
-// one node, 1.7-2.6 times the decisions per second of a call per Take
-// (make bench-peers, tollgate-batch0 rows), since Redis reads and writes
-// one socket buffer for many calls.
+// A batcher gathers the calls for one Redis node (or a Ring) into pipelines
+// (WithBatching): a call goes out from its caller's goroutine when none is
+// queued and a slot is free, else a worker sends it with all those queued and
+// exits once none are. Measured: at 64 goroutines on one node, 1.7-2.6 times
+// the decisions per second of a call per Take (make bench-peers, tollgate-batch0).
 type batcher struct {
 	r      *Redis
 	client redis.UniversalClient // the node's client (or the Ring)
-
 	mu     sync.Mutex
 	queue  []*call
 	active int // pipelines in flight, direct calls included
@@ -68,8 +61,7 @@ func (b *batcher) do(ctx context.Context, c *call) (abandoned bool, err error) {
 	}
 }
 
-// release frees a pipeline slot, or hands it to a worker for the calls
-// queued meanwhile.
+// release frees a pipeline slot, or hands it to a worker for calls queued since.
 func (b *batcher) release() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -105,73 +97,65 @@ func (b *batcher) work() {
 	}
 }
 
-// send runs batch in one pipeline and answers every call in it. When a
-// client hook panics or ends the goroutine (runtime.Goexit), the calls not
-// yet answered get an error, so that no caller waits for ever, and a panic
-// does not end the process.
+// send runs batch in one pipeline and answers every call, in order (batch[:n]
+// are answered; their callers may reuse them). On a client hook's panic or
+// Goexit, the rest get an error: none waits for ever, no panic ends the process.
 func (b *batcher) send(batch []*call) {
-	answered := make([]bool, len(batch))
-	answer := func(i int, err error) {
-		answered[i] = true
-		batch[i].answer(err) // its caller may reuse batch[i] from now on
-	}
+	n := 0
 	defer func() {
 		v := recover()
-		for i, c := range batch {
-			switch {
-			case answered[i]:
-			case v != nil:
-				answer(i, fmt.Errorf("store: take %q: panic: %v", c.key, v))
-			default:
-				answer(i, fmt.Errorf("store: take %q: a Redis client hook ended the sending goroutine (runtime.Goexit)", c.key))
+		for _, c := range batch[n:] {
+			if v != nil {
+				c.answer(fmt.Errorf("store: take %q: panic: %v", c.key, v))
+			} else {
+				c.answer(fmt.Errorf("store: take %q: a Redis client hook ended the sending goroutine (runtime.Goexit)", c.key))
 			}
 		}
 	}()
-	var live []int
-	for i, c := range batch {
+	for i, c := range batch { // a call whose caller has gone spends no token
 		if err := c.ctx.Err(); err != nil {
-			answer(i, fmt.Errorf("store: take %q: %w", c.key, err)) // its caller has gone: spend no token
-			continue
+			batch[n], batch[i] = c, batch[n]
+			n++
+			c.answer(fmt.Errorf("store: take %q: %w", c.key, err))
 		}
-		live = append(live, i)
 	}
-	if len(live) == 0 {
+	if n == len(batch) {
 		return
 	}
-	ctx, cancel := batchContext(batch, live)
+	ctx, cancel := batchContext(batch[n:])
 	defer cancel()
 	p := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(live))
-	for j, i := range live {
-		cmds[j] = p.Do(ctx, batch[i].args...)
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, c := range batch[n:] {
+		cmds[n+i] = p.Do(ctx, c.args...)
 	}
 	_, perr := p.Exec(ctx)
-	for j, i := range live {
-		c, cmd := batch[i], cmds[j]
+	for n < len(batch) {
+		c, cmd := batch[n], cmds[n]
 		err := cmd.Err()
 		if err == nil && cmd.Val() == nil && perr != nil {
 			cmd.SetErr(perr) // never answered: the connection failed first
 			err = perr
 		}
 		if err != nil && (isNoScript(err) || (b.r.cluster != nil && isRedirect(err))) {
-			// Sent again alone: as EVAL, or through the Cluster client,
-			// which follows the redirection.
-			answer(i, b.r.run(c.ctx, c))
-			continue
+			// Sent again alone: as EVAL, or via the Cluster client (redirects).
+			err = b.r.run(c.ctx, c)
+		} else {
+			err = b.r.read(ctx, c, cmd)
 		}
-		answer(i, b.r.read(ctx, c, cmd))
+		n++
+		c.answer(err)
 	}
 }
 
-// batchContext returns the context a pipeline runs under: the values of its
-// first call (for client hooks such as tracing), no cancellation (one
-// caller leaving must not fail the others), and the latest deadline of the
-// calls, or none if one has none.
-func batchContext(batch []*call, live []int) (context.Context, context.CancelFunc) {
-	first := context.WithoutCancel(batch[live[0]].ctx)
+// batchContext returns a pipeline's context: its first call's values (for
+// client hooks such as tracing), no cancellation (one caller leaving must not
+// fail the others), and the calls' latest deadline, or none if one has none.
+func batchContext(calls []*call) (context.Context, context.CancelFunc) {
+	first := context.WithoutCancel(calls[0].ctx)
 	var last time.Time
-	for _, i := range live {
-		d, ok := batch[i].ctx.Deadline()
+	for _, c := range calls {
+		d, ok := c.ctx.Deadline()
 		if !ok {
 			return first, func() {}
 		}
@@ -186,13 +170,6 @@ func batchContext(batch []*call, live []int) (context.Context, context.CancelFun
 // now served elsewhere, or that the node cannot serve it at the moment.
 func isRedirect(err error) bool {
 	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	for _, p := range [...]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "LOADING ", "READONLY "} {
-		if strings.HasPrefix(err.Error(), p) {
-			return true
-		}
-	}
-	return false
+	return errors.As(err, &rerr) && slices.ContainsFunc([]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "LOADING ", "READONLY "},
+		func(p string) bool { return strings.HasPrefix(err.Error(), p) })
 }

@@ -7,13 +7,11 @@ import (
 	"time"
 )
 
-// ErrInvalidLimit is wrapped by the error returned for a [Limit] that breaks
-// one of the rules of [Limit.Validate].
+// ErrInvalidLimit is wrapped by the error for a Limit failing [Limit.Validate].
 var ErrInvalidLimit = errors.New("invalid limit")
 
-// ErrInvalidCost is wrapped by the error returned by Take for a cost below 0
-// or above the limit's Burst: such a cost can never succeed, so it is an
-// error rather than a denial that would tell the client to retry.
+// ErrInvalidCost is wrapped by Take's error for a cost below 0 or above Burst:
+// such a cost never succeeds, so it is an error, not a denial saying "retry".
 var ErrInvalidCost = errors.New("invalid cost")
 
 // Limit is a token-bucket policy: a bucket of capacity Burst, refilled
@@ -34,13 +32,11 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute, B
 // PerHour returns a Limit of rate tokens per hour with Burst = rate.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
 
-// Validate reports whether the stores can decide l exactly. Rate and Burst
-// must be at least 1; Period must be a positive whole number of microseconds
-// (the resolution of the stores' clocks); Burst*Rate must not exceed 2^50,
-// nor Burst*Period/gcd(Rate, Period), with Period in microseconds (the
-// bucket's capacity in the stores' units: at most 2^50 microseconds, about
-// 35 years, to refill it). The error wraps [ErrInvalidLimit] and names the
-// field.
+// Validate reports whether the stores can decide l exactly: Rate and Burst
+// at least 1, Period a positive whole number of microseconds (the stores'
+// clock resolution), and Burst*Rate and the capacity Burst*Period/gcd(Rate,
+// Period), Period in µs, at most 2^50 (so at most 2^50 µs, about 35 years, to
+// refill). The error wraps [ErrInvalidLimit] and names the field.
 func (l Limit) Validate() error {
 	_, err := newParams(l)
 	return err
@@ -64,15 +60,12 @@ type Result struct {
 	ResetAfter time.Duration // time until the bucket is full again
 }
 
-// Store decides token-bucket limits. Implementations are safe for concurrent
-// use.
-//
-// Take takes cost tokens from the bucket named key under limit if all of
-// them are there, and reports the bucket's state. Being over the limit is a
-// Result with Allowed false, not an error; a denied Take consumes nothing.
-// A cost of 0 reads the bucket without consuming. Errors are reserved for an
-// invalid limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) and for a
-// store that cannot decide (network, timeout).
+// Store decides token-bucket limits; implementations are safe for concurrent
+// use. Take takes cost tokens from the bucket named key under limit if all of
+// them are there (a cost of 0 reads it), and reports the bucket's state. Over
+// the limit is a Result with Allowed false, not an error, and consumes
+// nothing. Errors are for an invalid limit or cost ([ErrInvalidLimit],
+// [ErrInvalidCost]) and a store that cannot decide (network, timeout).
 type Store interface {
 	Take(ctx context.Context, key string, limit Limit, cost int) (Result, error)
 }

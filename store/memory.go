@@ -11,54 +11,44 @@ import (
 	"time"
 )
 
-// DefaultMaxKeys is the number of live buckets a [Memory] store holds at
-// most unless [WithMaxKeys] says otherwise.
+// DefaultMaxKeys caps the live buckets of a [Memory] store without [WithMaxKeys].
 const DefaultMaxKeys = 1_000_000
 
-// DefaultSweepInterval is how often a [Memory] store's background sweeper
-// drops buckets that are full again, unless [WithSweepInterval] says
-// otherwise.
+// DefaultSweepInterval is how often a [Memory] store drops full buckets by default.
 const DefaultSweepInterval = 10 * time.Second
 
-// shards is the number of maps a Memory store spreads its buckets over, so
-// that decisions on different keys seldom wait for one another.
+// shards is how many maps, each behind its own lock, hold a Memory's buckets.
 const shards = 64
 
-// Memory is a [Store] that keeps buckets in this process, on the process's
-// monotonic clock, with the same semantics as [Redis]. It serves single
-// servers, tests, and degraded mode when Redis is unreachable.
-//
-// Buckets live in 64 maps, each behind a mutex; a decision holds one for a
-// map lookup and a few integer operations. A bucket exists only while it is
-// not full: buckets that are full again are dropped by a background sweeper,
-// and when a read or a refund finds them so. No more than MaxKeys buckets live at once:
-// when a new key would exceed it, a few buckets are sampled, and those that
-// are full are dropped, or else the one nearest to full is forgotten (see
-// [Memory.Evicted]), which can only loosen that key's limit.
-//
-// Memory is safe for concurrent use. Its zero value is not usable; call
-// [NewMemory], and [Memory.Close] when done to stop the sweeper.
+// Memory is a [Store] that keeps buckets in this process, on its monotonic
+// clock, with the same semantics as [Redis]: for single servers, tests, and
+// degraded mode when Redis is unreachable. Buckets live in 64 maps, each
+// behind a mutex held for a map lookup and a few integer operations per
+// decision. A bucket exists only while it is not full: a background sweeper,
+// a read or a refund drops it once full again. At most MaxKeys buckets live
+// at once: a new key beyond that samples a few buckets and drops the full
+// ones, or else forgets the one nearest to full ([Memory.Evicted]), which can
+// only loosen that key's limit. Memory is safe for concurrent use. Its zero
+// value is not usable; call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
-	shards  [shards]shard
-	seeds   [2]maphash.Seed
-	limits  limitCache
-	maxKeys int64
-	live    atomic.Int64 // buckets in all shards
-	evicted atomic.Int64
-	clock   func() time.Time // nil: the monotonic clock
-	start   time.Time
-	sweep   time.Duration
-	err     error // the first unusable option, for Validate
-
+	shards    [shards]shard
+	seeds     [2]maphash.Seed
+	limits    limitCache
+	maxKeys   int64
+	live      atomic.Int64 // buckets in all shards
+	evicted   atomic.Int64
+	clock     func() time.Time // nil: the monotonic clock
+	start     time.Time
+	sweep     time.Duration
+	err       error // the first unusable option, for Validate
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 }
 
-// A shard is one map of buckets. last is the latest instant a decision on
-// it used: every decision uses at least that, so the clock of a shard never
-// goes back, not even for a goroutine that read the clock, was preempted,
-// and decides after a bucket was dropped at a later instant.
+// A shard is one map of buckets. Every decision on it uses at least last, the
+// latest instant one used, so its clock never goes back, even for a goroutine
+// preempted after reading the clock while a bucket was dropped later.
 type shard struct {
 	mu      sync.Mutex
 	buckets map[id]*tat // pointers: a decision updates its bucket with one map lookup
@@ -66,12 +56,10 @@ type shard struct {
 	_       [32]byte // keep shards on separate cache lines
 }
 
-// An id names a bucket: a 128-bit hash of its key under two seeds of the
-// store's own. Keyed so, a bucket costs a map slot and its state (48 bytes)
-// whatever its key's length, and a decision reads two places in memory
-// rather than three (the slot, the key to compare, the state). Two keys
-// share a bucket with a chance of 2^-128 per pair, and no one outside the
-// process can look for a pair, since the seeds are random.
+// An id names a bucket: a 128-bit hash of its key under two random seeds, so
+// a bucket costs a map slot and its state (48 bytes) whatever its key's length
+// and a decision reads two places in memory, not three (slot, key, state).
+// Two keys collide with a chance of 2^-128 per pair, unfindable from outside.
 type id [2]uint64
 
 func (m *Memory) id(key string) id {
@@ -81,44 +69,35 @@ func (m *Memory) id(key string) id {
 // MemoryOption configures a [Memory] store.
 type MemoryOption func(*Memory)
 
-// WithMaxKeys caps the number of live buckets at n (default
-// [DefaultMaxKeys]). A value below 1 is an error that [Memory.Validate]
-// reports (and middleware.New refuses); the store keeps the default cap.
+// WithMaxKeys caps live buckets at n (default [DefaultMaxKeys]). Below 1, it is
+// an error for [Memory.Validate] (middleware.New refuses it); the default stays.
 func WithMaxKeys(n int) MemoryOption {
 	return func(m *Memory) {
-		if n < 1 {
-			m.fail("WithMaxKeys(%d): the cap must be at least 1", n)
-			return
+		if n >= 1 {
+			m.maxKeys = int64(n)
+		} else if m.err == nil {
+			m.err = fmt.Errorf("store: WithMaxKeys(%d): the cap must be at least 1", n)
 		}
-		m.maxKeys = int64(n)
 	}
 }
 
-// WithSweepInterval sets how often the background sweeper drops buckets that
-// are full again (default [DefaultSweepInterval]). A value of 0 or below
-// starts no sweeper: full buckets are then dropped only to make room for new
-// keys, or when a refund fills them.
+// WithSweepInterval sets how often a background sweeper drops full buckets
+// (default [DefaultSweepInterval]). At 0 or below none starts: full buckets
+// are dropped only to make room for new keys, or when a refund fills them.
 func WithSweepInterval(d time.Duration) MemoryOption {
 	return func(m *Memory) { m.sweep = d }
 }
 
-// WithClock makes the store read the time from now instead of the process's
-// monotonic clock, for tests that control time. If the clock goes backwards,
-// the store decides as if it had stood still. A nil now is an error that
-// [Memory.Validate] reports; the store keeps the monotonic clock.
+// WithClock makes the store read the time from now instead of its monotonic
+// clock, for tests; a clock going back counts as standing still. A nil now is
+// an error that [Memory.Validate] reports, and the monotonic clock stays.
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) {
-		if now == nil {
-			m.fail("WithClock(nil)")
-			return
+		if now != nil {
+			m.clock = now
+		} else if m.err == nil {
+			m.err = fmt.Errorf("store: WithClock(nil)")
 		}
-		m.clock = now
-	}
-}
-
-func (m *Memory) fail(format string, args ...any) {
-	if m.err == nil {
-		m.err = fmt.Errorf("store: "+format, args...)
 	}
 }
 
@@ -149,9 +128,8 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	return m
 }
 
-// Take implements [Store]. It never blocks on I/O and ignores ctx, so it
-// still decides when the caller's deadline has passed (as in degraded mode
-// after a Redis timeout). It keeps no reference to key.
+// Take implements [Store]. It never blocks on I/O and ignores ctx, so it still
+// decides past a deadline (degraded mode); it keeps no reference to key.
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
 	p, k, err := m.limits.units(key, limit, cost, false)
 	if err == nil {
@@ -169,8 +147,7 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 	return res, err
 }
 
-// decide adds k units to key's bucket (takes, or gives back when k < 0),
-// and describes it in res.
+// decide adds k units to key's bucket (k < 0 gives back) and fills res.
 func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	b := m.id(key)
 	now := m.now() // outside the lock: the clock is the slowest step
@@ -193,25 +170,25 @@ func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	p.fill(res, du, df, k, allowed)
 }
 
-// advance returns the instant a decision on sh uses: now, or the latest
-// instant sh has used if that is later. The caller holds sh.mu.
+// advance returns and records max(now, sh.last). The caller holds sh.mu.
 func (sh *shard) advance(now int64) int64 {
 	now = max(now, sh.last)
 	sh.last = now
 	return now
 }
 
-// write stores the debt (du, df) at now as the state of bucket b of sh,
-// whose state is cur (nil: sh does not hold it). held are the shards whose
-// locks the caller holds, sh among them.
+// write stores the debt (du, df) at now as bucket b of sh (state cur, or nil);
+// no debt is no state. The caller holds the locks of held, sh's among them.
 func (m *Memory) write(sh *shard, b id, cur *tat, p *params, du, df, now int64, held []*shard) {
-	s, ok := p.state(du, df, now)
+	s, ok := tat{now + du, df, p.q}, du > 0 || df > 0
 	switch {
 	case ok && cur != nil:
 		*cur = s
 	case ok:
-		for !m.reserve() {
-			m.evict(held, now)
+		for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
+			if n >= m.maxKeys {
+				m.evict(held, now) // make room first: the cap holds at every instant
+			}
 		}
 		nb := s // on the heap: declared here, it costs a new bucket only
 		sh.buckets[b] = &nb
@@ -221,23 +198,8 @@ func (m *Memory) write(sh *shard, b id, cur *tat, p *params, du, df, now int64, 
 	}
 }
 
-// reserve counts one more bucket, unless the store holds MaxKeys already.
-func (m *Memory) reserve() bool {
-	for {
-		n := m.live.Load()
-		if n >= m.maxKeys {
-			return false
-		}
-		if m.live.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
-}
-
-// evict drops a bucket to make room: from a shard whose lock the caller
-// holds, or else from one it can lock without waiting (waiting while holding
-// a lock could deadlock). When every other shard is busy it yields, and the
-// caller tries again.
+// evict drops a bucket to make room, from a shard held or one it can lock
+// without waiting (waiting could deadlock); if every other is busy, it yields.
 func (m *Memory) evict(held []*shard, now int64) {
 	for _, sh := range held {
 		if m.evictFrom(sh, now) {
@@ -260,9 +222,7 @@ func (m *Memory) evict(held []*shard, now int64) {
 // place) and drops the first that is full at now, or else the one nearest to
 // full. It reports whether it dropped one. The caller holds sh.mu.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	var victim id
-	var vt tat
-	n := 0
+	victim, vt, n := id{}, tat{}, 0
 	for b, s := range sh.buckets {
 		if n == 0 || s.u < vt.u {
 			victim, vt = b, *s
@@ -285,16 +245,14 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 // fullAt reports whether a bucket in state s is full at now.
 func (s *tat) fullAt(now int64) bool { return s.u < now || (s.u == now && s.f == 0) }
 
-// TakeAll implements [MultiStore]: the shards of all the keys are locked
-// together, in order (so that concurrent calls cannot deadlock), and every
-// bucket is decided at one instant.
+// TakeAll implements [MultiStore], deciding every bucket at one instant with
+// the keys' shards locked in order (so that concurrent calls cannot deadlock).
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &m.limits)
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]id, len(reqs))
-	in := make([]*shard, len(reqs))
+	ids, in := make([]id, len(reqs)), make([]*shard, len(reqs))
 	var order []uint64
 	for i, q := range reqs {
 		ids[i] = m.id(q.Key)
@@ -306,13 +264,11 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	}
 	slices.Sort(order) // the order of locking
 	held := make([]*shard, len(order))
+	now := m.now()
 	for i, n := range order {
 		held[i] = &m.shards[n]
-	}
-	now := m.now()
-	for _, sh := range held {
-		sh.mu.Lock()
-		now = max(now, sh.last)
+		held[i].mu.Lock()
+		now = max(now, held[i].last)
 	}
 	type debt struct {
 		du, df, k int64
@@ -343,22 +299,19 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	return out, nil
 }
 
-// Validate returns the error of the first unusable option the store was
-// made with (such as WithMaxKeys(0)), or nil. The store then works as if
-// that option had not been given; middleware.New refuses it.
+// Validate returns the first unusable option's error (such as WithMaxKeys(0)),
+// or nil. The store ignores that option; middleware.New refuses the store.
 func (m *Memory) Validate() error { return m.err }
 
 // Len returns the number of live buckets.
 func (m *Memory) Len() int { return int(m.live.Load()) }
 
-// Evicted returns how many buckets that were not yet full have been
-// forgotten to respect MaxKeys. A growing count means the cap is too low for
-// the traffic (or the store is under a flood of distinct keys).
+// Evicted returns how many buckets not yet full were forgotten to respect
+// MaxKeys; a growing count means the cap is too low (or a flood of new keys).
 func (m *Memory) Evicted() int64 { return m.evicted.Load() }
 
 // Close stops the background sweeper and waits for it to return. It is safe
-// to call more than once and always returns nil. The store still decides
-// after Close; it only stops sweeping in the background.
+// to call more than once and returns nil; the store still decides after it.
 func (m *Memory) Close() error {
 	m.closeOnce.Do(func() { close(m.stop) })
 	<-m.done
@@ -374,24 +327,19 @@ func (m *Memory) sweepLoop(every time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.sweepOnce()
 		}
-	}
-}
-
-// sweepOnce drops every bucket that is full again, one shard at a time.
-func (m *Memory) sweepOnce() {
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		now := sh.advance(m.now())
-		for b, s := range sh.buckets {
-			if s.fullAt(now) {
-				delete(sh.buckets, b)
-				m.live.Add(-1)
+		for i := range m.shards { // drop every full bucket, a shard at a time
+			sh := &m.shards[i]
+			sh.mu.Lock()
+			now := sh.advance(m.now())
+			for b, s := range sh.buckets {
+				if s.fullAt(now) {
+					delete(sh.buckets, b)
+					m.live.Add(-1)
+				}
 			}
+			sh.mu.Unlock()
 		}
-		sh.mu.Unlock()
 	}
 }
 

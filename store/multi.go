@@ -6,8 +6,7 @@ import (
 	"fmt"
 )
 
-// Request is one bucket of a [MultiStore.TakeAll]: Cost tokens from the
-// bucket named Key under Limit.
+// Request asks [MultiStore.TakeAll] for Cost tokens from bucket Key under Limit.
 type Request struct {
 	Key   string
 	Limit Limit
@@ -15,21 +14,17 @@ type Request struct {
 }
 
 // MultiStore is a [Store] that decides several buckets at once, all or
-// nothing: either every request's tokens are taken, or none is. A request
-// denied by any limit consumes from none, so a per-user limit is not spent
-// by requests that a global limit refused. [Memory] and [Redis] implement
-// it; middleware uses it when a store does.
+// nothing, so a per-user limit is not spent by requests a global limit
+// refused. [Memory] and [Redis] implement it, and middleware uses it.
 type MultiStore interface {
 	Store
-	// TakeAll takes reqs[i].Cost tokens from every bucket reqs[i].Key, or
-	// none. It returns one Result per request, in order. Allowed is the
-	// same in all of them: true when the tokens were taken. When they were
-	// not, each Result still describes its bucket as it stands (Remaining
-	// counts the tokens left without this request), and RetryAfter is the
-	// time until that bucket holds its cost — zero for the buckets that
-	// had room, so the largest RetryAfter is when the whole request could
-	// pass. Keys must be distinct; an invalid limit, cost or a repeated key
-	// is an error and takes nothing.
+	// TakeAll takes reqs[i].Cost tokens from every bucket reqs[i].Key, or none,
+	// and returns one Result per request, in order, all with the same Allowed.
+	// When denied, each describes its bucket as it stands (Remaining without
+	// this request), RetryAfter being the time until it holds its cost (zero
+	// if it had room: the largest is when the whole request could pass). Keys
+	// must be distinct: an invalid limit or cost, or a repeated key, is an
+	// error and takes nothing.
 	TakeAll(ctx context.Context, reqs []Request) ([]Result, error)
 }
 
@@ -37,26 +32,21 @@ type MultiStore interface {
 // response showed that a request should not have counted (a successful
 // login, a server error). [Memory] and [Redis] implement it.
 type Refunder interface {
-	// Refund gives tokens (0 <= tokens <= limit.Burst) back to the bucket
-	// named key, never above its capacity, and returns the bucket as it
-	// then stands (Allowed is true).
+	// Refund gives tokens (0 <= tokens <= limit.Burst) back to the bucket named
+	// key, never above capacity, and returns it as it then stands (Allowed true).
 	Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error)
 }
 
-// ErrDuplicateKey is wrapped by the error TakeAll returns when two requests
-// name the same bucket.
+// ErrDuplicateKey is wrapped by TakeAll's error when two requests name one bucket.
 var ErrDuplicateKey = errors.New("duplicate key")
 
 // checkRequests validates reqs and returns their parameters.
 func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
 	ps := make([]*params, len(reqs))
 	for i, q := range reqs {
-		p, err := lc.get(q.Limit)
+		p, _, err := lc.units(q.Key, q.Limit, q.Cost, false)
 		if err != nil {
 			return nil, err
-		}
-		if q.Cost < 0 || q.Cost > q.Limit.Burst {
-			return nil, costError(q.Key, q.Limit, q.Cost)
 		}
 		for _, o := range reqs[:i] {
 			if o.Key == q.Key {
@@ -66,12 +56,4 @@ func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
 		ps[i] = p
 	}
 	return ps, nil
-}
-
-func costError(key string, limit Limit, cost int) error {
-	return fmt.Errorf("store: take %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, cost, limit.Burst, limit)
-}
-
-func refundError(key string, limit Limit, tokens int) error {
-	return fmt.Errorf("store: refund %q: %w: %d tokens is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, tokens, limit.Burst, limit)
 }

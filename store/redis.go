@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,20 +16,17 @@ import (
 	"github.com/tollgate-go/tollgate/lua"
 )
 
-// DefaultKeyPrefix is the prefix of every Redis key a [Redis] store writes,
-// unless [WithKeyPrefix] says otherwise.
+// DefaultKeyPrefix is the key prefix of a [Redis] store without [WithKeyPrefix].
 const DefaultKeyPrefix = "tollgate:"
 
-// Redis is a [Store] that keeps buckets in Redis, so that every server of an
-// application shares one limit. Each Take is one EVALSHA of [lua.TokenBucket]
-// (one round trip, atomic, on Redis's clock), sent again once as EVAL when
-// Redis does not have the script. Every key carries a TTL equal to the time
-// until its bucket is full again; a restart without persistence refills
-// every bucket. Concurrent Takes are batched (see [WithBatching]).
-//
-// Redis works with a go-redis Client (single node or Sentinel), ClusterClient
-// or Ring, which must end its calls at the context's deadline
-// (ContextTimeoutEnabled: true; see [Redis.Validate]). It is safe for
+// Redis is a [Store] that keeps buckets in Redis, shared by every server of
+// an application. Each Take is one EVALSHA of [lua.TokenBucket] (one round
+// trip, atomic, on Redis's clock), sent again once as EVAL if Redis lacks the
+// script; concurrent Takes are batched ([WithBatching]). A key's TTL is the
+// time until its bucket is full again; a restart without persistence refills
+// every bucket. It takes a go-redis Client (single node or Sentinel),
+// ClusterClient or Ring that ends its calls at the context's deadline
+// (ContextTimeoutEnabled: true; see [Redis.Validate]). Redis is safe for
 // concurrent use; its zero value is not usable, call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
@@ -41,8 +40,7 @@ type Redis struct {
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
 }
 
-// DefaultBatchPipelines is the number of pipelines a [Redis] store keeps in
-// flight per Redis node unless [WithBatching] says otherwise.
+// DefaultBatchPipelines is [WithBatching]'s default: pipelines in flight per node.
 const DefaultBatchPipelines = 2
 
 var errNilClient = errors.New("NewRedis was given a nil client")
@@ -50,56 +48,43 @@ var errNilClient = errors.New("NewRedis was given a nil client")
 // RedisOption configures a [Redis] store.
 type RedisOption func(*Redis)
 
-// WithKeyPrefix sets the prefix of the store's Redis keys (default
-// [DefaultKeyPrefix]). It is used as it is, so end it with a separator
-// ("myapp:"). Stores with different prefixes never share a bucket.
+// WithKeyPrefix sets the store's key prefix (default [DefaultKeyPrefix]), used
+// as is: end it with a separator ("myapp:"). Prefixes never share a bucket.
 func WithKeyPrefix(prefix string) RedisOption {
 	return func(r *Redis) { r.prefix = prefix }
 }
 
-// WithBatching sets how many pipelines the store keeps in flight per Redis
-// node (default [DefaultBatchPipelines]); 0 turns batching off. A Take is
-// sent at once, alone, while fewer than n are in flight (so batching adds no
-// delay at low load), else with the next pipeline, with every Take queued
-// meanwhile (at most 128), each still one EVALSHA answered on its own. On a
-// Cluster, Takes are batched per master; a redirected one (MOVED, ASK) is
-// sent again alone through the Cluster client. Client hooks see pipelines.
-// A negative n is an error that [Redis.Validate] reports.
+// WithBatching sets the pipelines in flight per Redis node (default
+// [DefaultBatchPipelines]; 0: no batching; below 0: an error that
+// [Redis.Validate] reports). A Take goes out at once, alone, while fewer than
+// n are in flight (no delay at low load), else in the next pipeline with the
+// Takes queued meanwhile (at most 128), each still one EVALSHA answered on its
+// own. On a Cluster, batches are per master; a redirected Take (MOVED, ASK)
+// is sent again alone via the Cluster client. Client hooks see pipelines.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
-		if n < 0 {
-			r.fail(fmt.Errorf("store: WithBatching(%d): the number of pipelines must be 0 (off) or more", n))
-			return
+		if n >= 0 {
+			r.pipelines = n
+		} else if r.err == nil {
+			r.err = fmt.Errorf("store: WithBatching(%d): the number of pipelines must be 0 (off) or more", n)
 		}
-		r.pipelines = n
-	}
-}
-
-func (r *Redis) fail(err error) {
-	if r.err == nil {
-		r.err = err
 	}
 }
 
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
-	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines}
+	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines, client: client}
+	isNil := false // a nil pointer is no client: an error, never a panic
 	switch c := client.(type) {
-	case nil:
 	case *redis.Client:
-		if c != nil {
-			r.client = c
-		}
+		isNil = c == nil
 	case *redis.ClusterClient:
-		if c != nil {
-			r.client, r.cluster, r.tagged = c, c, true
-		}
+		isNil, r.cluster, r.tagged = c == nil, c, true
 	case *redis.Ring:
-		if c != nil {
-			r.client, r.tagged = c, true
-		}
-	default:
-		r.client = c
+		isNil, r.tagged = c == nil, true
+	}
+	if isNil {
+		r.client = nil
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -110,12 +95,10 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	return r
 }
 
-// Validate returns an error when the store cannot decide anything (a nil
-// client), when it was given an unusable option (such as WithBatching(-1),
-// which it then ignores), or when its client does not end calls at the
-// context's deadline, so that a stalled Redis would hold every request for
-// the client's own timeouts: set ContextTimeoutEnabled: true in the
-// client's options. middleware.New refuses such a store.
+// Validate returns an error, which middleware.New refuses, when the client is
+// nil, an option was unusable (such as WithBatching(-1), then ignored), or
+// the client does not end calls at the context's deadline (a stalled Redis
+// would hold every request for the client's own timeouts).
 func (r *Redis) Validate() error {
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
@@ -140,16 +123,19 @@ func (r *Redis) Validate() error {
 	return nil
 }
 
-// Key returns the Redis key that holds the bucket named key: the prefix and
-// key, or "#" and its SHA-256 when key is longer than 128 bytes or starts
-// with '#' (so that no key is stored under the hashed form of another). On
-// a Cluster or Ring client, the store's own hash tag comes first, derived
-// from key's group (its first "{...}", else all of it): keys of a group
-// share a slot, and no caller's text names one.
+// Key returns the Redis key of the bucket named key: the prefix and key, or
+// "#" and its SHA-256 if key is longer than 128 bytes or starts with '#' (so
+// no key is stored under another's hashed form). On a Cluster or Ring the
+// store's hash tag comes first, from key's group (its first "{...}", else all
+// of it): keys of a group share a slot, and no caller's text names one.
 func (r *Redis) Key(key string) string {
 	stored := key
-	if !keptAsIs(key) {
-		h := hashKey(key)
+	if len(key) > maxKeyLen || strings.HasPrefix(key, "#") {
+		// "#" and 23 bytes of SHA-256 in base64url: 32, in an array on the stack.
+		var h [32]byte
+		sum := sha256.Sum256([]byte(key))
+		h[0] = '#'
+		base64.RawURLEncoding.Encode(h[1:], sum[:23])
 		stored = string(h[:])
 	}
 	if !r.tagged {
@@ -184,20 +170,18 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	return p.result(debts[0], debts[1], k, allowed), nil
 }
 
-// TakeAll implements [MultiStore], in one atomic script call on a single
-// node or Sentinel client. On a Cluster or Ring, each group of keys (see
-// [Redis.Key]: "{user:42}:10/s" and "{user:42}:1000/h" are one) is a call,
-// in order of first appearance; when one is denied or fails, the tokens the
-// earlier ones took are given back (each refund within 100 ms, even once
-// ctx has ended), and the groups not asked are read while ctx lasts. A
-// refund that fails leaves its tokens taken: strict, never loose.
+// TakeAll implements [MultiStore] in one atomic script call on a single node
+// or Sentinel. On a Cluster or Ring, each group of keys ([Redis.Key]:
+// "{user:42}:10/s" and "{user:42}:1000/h" are one) is a call, in order of
+// first appearance; when one is denied or fails, earlier ones' tokens are
+// given back (each within 100 ms, even after ctx ends; a failed refund leaves
+// its tokens taken: strict, never loose) and later groups read while ctx lasts.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &r.limits)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Result, len(reqs))
-	debts := make([]int64, 2*len(reqs))
+	out, debts := make([]Result, len(reqs)), make([]int64, 2*len(reqs))
 	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
 	groups := r.groups(reqs)
 	for gi, g := range groups {
@@ -212,9 +196,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		if allowed {
 			continue
 		}
-		// Denied: give back what the earlier groups took, and say when the
-		// buckets not asked would hold their cost. The denial stands
-		// whatever happens to these calls.
+		// Denied: give back what earlier groups took, read the rest. The denial stands.
 		r.giveBack(ctx, reqs, ps, groups[:gi])
 		for _, g := range groups[:gi] {
 			for _, i := range g {
@@ -259,9 +241,8 @@ func (r *Redis) groups(reqs []Request) [][]int {
 	return groups
 }
 
-// group runs one script call for the requests at indexes g, with their
-// costs multiplied by sign (1: take, 0: read, -1: give back), and writes
-// each one's debt after it into debts[2i], debts[2i+1].
+// group runs one script call for reqs at indexes g, costs times sign (1: take,
+// 0: read, -1: give back), and writes each one's debt into debts[2i:2i+2].
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []*params, g []int, sign int64, debts []int64) (bool, error) {
 	if r.client == nil {
 		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
@@ -291,13 +272,8 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []*params, g []int
 	return allowed, nil
 }
 
-// giveBackTimeout bounds each refund that follows a denial by a later group
-// of a TakeAll: refunds run even when the caller's deadline has passed.
-const giveBackTimeout = 100 * time.Millisecond
-
-// giveBack refunds the tokens that the groups taken took, on another
-// goroutine, each call under its own short deadline, and waits for it while
-// ctx lasts.
+// giveBack refunds what the groups taken took on another goroutine, each call
+// with its own 100 ms deadline (so even after ctx's), waiting while ctx lasts.
 func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []*params, taken [][]int) {
 	if len(taken) == 0 {
 		return
@@ -308,7 +284,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []*params, take
 		defer close(done)
 		scratch := make([]int64, 2*len(reqs))
 		for _, g := range taken {
-			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 100*time.Millisecond)
 			_, err := r.group(gctx, reqs, ps, g, -1, scratch)
 			cancel()
 			if err != nil {
@@ -343,9 +319,8 @@ func (r *Redis) exec(ctx context.Context, c *call) (abandoned bool, err error) {
 	return b.do(ctx, c)
 }
 
-// run sends c alone through the store's client (EVALSHA, then EVAL on
-// NOSCRIPT) and reads its reply. A client hook that panics gives an error,
-// as it does on a batching worker.
+// run sends c alone (EVALSHA, then EVAL on NOSCRIPT) and reads its reply; a
+// client hook that panics gives an error, as on a batching worker.
 func (r *Redis) run(ctx context.Context, c *call) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -365,35 +340,27 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 	if err != nil {
 		var rerr redis.Error
 		if r.cluster != nil && !errors.As(err, &rerr) {
-			// A master that died answers no MOVED: go-redis would keep
-			// sending its slots there until its slot map is 10s old. Ask
-			// for a reload now (asynchronous, coalesced by go-redis).
+			// A dead master answers no MOVED; go-redis would use it until its
+			// slot map is 10s old, so reload that now (asynchronous, coalesced).
 			r.cluster.ReloadState(ctx)
 		}
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
 	v, ok := reply.([]any)
-	if ok && len(v) == 1+len(c.debts) {
-		c.allowed = v[0] == int64(1)
-		for i := range c.debts {
-			n, isInt := v[1+i].(int64)
-			if !isInt || n < 0 {
-				ok = false
-				break
-			}
-			c.debts[i] = n
-		}
+	ok = ok && len(v) == 1+len(c.debts)
+	for i := 0; ok && i < len(c.debts); i++ {
+		c.debts[i], ok = v[1+i].(int64)
+		ok = ok && c.debts[i] >= 0
 	}
 	if !ok {
 		return fmt.Errorf("store: take %q: unexpected script reply %v", c.key, reply)
 	}
+	c.allowed = v[0] == int64(1)
 	return nil
 }
 
-// isNoScript reports whether err says that Redis does not have the script.
-// Redis answers "NOSCRIPT No matching script..."; proxies and managed
-// services have been seen to reword or prefix it ("ERR NOSCRIPT ...",
-// "... no matching script ..."), so the test is on the words, anywhere.
+// isNoScript reports whether err says Redis lacks the script ("NOSCRIPT No
+// matching script...", which proxies and managed services may reword or prefix).
 func isNoScript(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
@@ -411,22 +378,20 @@ var (
 
 // A call is one script call: a Take, or one group of a TakeAll.
 type call struct {
-	ctx     context.Context
-	key     string // the caller's first key, for errors
-	args    []any  // evalsha, sha, n, n keys, 3 arguments per key
-	allowed bool
-	debts   []int64 // du, df per key: the reply
-	err     error
-	done    chan struct{} // signalled when a worker has answered
-
-	argsBuf  [7]any // the backing arrays of a Take's call
+	ctx      context.Context
+	key      string // the caller's first key, for errors
+	args     []any  // evalsha, sha, n, n keys, 3 arguments per key
+	allowed  bool
+	debts    []int64 // du, df per key: the reply
+	err      error
+	done     chan struct{} // signalled when a worker has answered
+	argsBuf  [7]any        // the backing arrays of a Take's call
 	debtsBuf [2]int64
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// newCall returns a call for n keys, whose first is key, with args up to
-// its keys.
+// newCall returns a call for n keys, the first named key, args up to its keys.
 func newCall(ctx context.Context, key string, n int) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.key = ctx, key
@@ -446,8 +411,7 @@ func (c *call) eval() []any {
 	return args
 }
 
-// release returns c to the pool. Only its caller does, and only when no
-// worker still holds it.
+// release returns c to the pool; only its caller does, once no worker holds it.
 func (c *call) release() {
 	*c = call{done: c.done}
 	callPool.Put(c)
