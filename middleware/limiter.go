@@ -281,7 +281,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		d.latency, d.local = time.Since(start), local
 	}
 	if err != nil {
-		if r.Context().Err() != nil {
+		if gone(r.Context()) {
 			keyBufs.Put(kb)
 			return // the client went away: nobody to answer, and not the store's fault
 		}
@@ -478,9 +478,22 @@ func (l *Limiter) decide(ctx context.Context, key string, cost int) (store.Resul
 	}
 	res, err := l.take(ctx, key, cost)
 	// A client that went away says nothing about the store.
-	failed := err != nil && ctx.Err() == nil
+	failed := err != nil && !gone(ctx)
 	l.brk.done(probe, failed)
 	return res, err
+}
+
+// gone reports whether the request's context ctx has ended: cancelled, or
+// past its deadline. The deadline is also read on the clock because a
+// go-redis client with ContextTimeoutEnabled ends its call at that deadline
+// itself, and its error usually comes back before the context's own timer
+// has marked ctx done.
+func gone(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // take asks the store, within the timeout budget unless the store is local.

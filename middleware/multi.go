@@ -251,7 +251,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	latency := time.Since(start)
 	local := false
 	if err != nil {
-		if r.Context().Err() != nil {
+		if gone(r.Context()) {
 			return // the client went away
 		}
 		l.storeErrors.Add(1)
@@ -303,7 +303,7 @@ func (m *Multi) takeAll(ctx context.Context, reqs []store.Request) ([]store.Resu
 	}
 	res, err := m.ms.TakeAll(tctx, reqs)
 	if l.brk != nil {
-		l.brk.done(probe, err != nil && ctx.Err() == nil)
+		l.brk.done(probe, err != nil && !gone(ctx))
 	}
 	return res, err
 }
