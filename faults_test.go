@@ -266,9 +266,12 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	t.Cleanup(func() { cc.Close() })
 
 	const name = "cluster"
-	storeKey := func(subject string) string { return store.DefaultKeyPrefix + name + ":" + subject } // subjects here hold no brace
+	st := store.NewRedis(cc)
+	// The Redis key of a subject's bucket (subjects here hold no brace):
+	// on a Cluster the store puts a hash tag of its own in front.
+	storeKey := func(subject string) string { return st.Key(name + ":" + subject) }
 	const budget = 100 * time.Millisecond
-	h := faultLimiter(t, store.NewRedis(cc), store.PerSecond(1000),
+	h := faultLimiter(t, st, store.PerSecond(1000),
 		middleware.WithName(name), middleware.WithTimeout(budget),
 		middleware.WithFailurePolicy(middleware.FailClosed),
 		middleware.WithBreaker(0, 0), // one shared breaker would fail every shard

@@ -25,9 +25,9 @@ import (
 )
 
 // accuracy runs a store per client (as app servers, each with its own
-// client, made with opts) on one key, 64 goroutines in all for d at 100/s
-// burst 50, and returns allowed / ideal.
-func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration, opts ...store.RedisOption) float64 {
+// client) on one key, 64 goroutines in all for d at 100/s burst 50, and
+// returns allowed / ideal.
+func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration) float64 {
 	t.Helper()
 	lim := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
 	key := fmt.Sprintf("accuracy:%d", time.Now().UnixNano())
@@ -37,7 +37,7 @@ func accuracy(t *testing.T, clients []redis.UniversalClient, d time.Duration, op
 	deadline := start.Add(d)
 	var stores []*store.Redis
 	for _, c := range clients {
-		stores = append(stores, store.NewRedis(c, opts...))
+		stores = append(stores, store.NewRedis(c))
 	}
 	var wg sync.WaitGroup
 	for g := range 64 {
@@ -79,19 +79,18 @@ func TestAccuracyAcrossServers(t *testing.T) {
 	srv := redistest.Server(t)
 	var clients []redis.UniversalClient
 	for range 4 {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
 		clients = append(clients, c)
 	}
-	t.Run("default", func(t *testing.T) { accuracy(t, clients, 5*time.Second) })
-	t.Run("coalescing", func(t *testing.T) { accuracy(t, clients, 5*time.Second, store.WithCoalescing(true)) })
+	accuracy(t, clients, 5*time.Second)
 }
 
 func TestAccuracyAcrossServersCluster(t *testing.T) {
 	cl := redistest.Cluster(t)
 	var clients []redis.UniversalClient
 	for range 4 {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, PoolSize: 16})
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, PoolSize: 16, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
 		clients = append(clients, c)
 	}
@@ -124,7 +123,7 @@ func TestOneRoundTripPerTake(t *testing.T) {
 		t.Skip("needs a server of its own: INFO commandstats counts every client")
 	}
 	admin := srv.Client(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
 	s := store.NewRedis(client)
 	ctx := context.Background()
@@ -256,7 +255,7 @@ func TestAccuracyDenyCacheAndBatching(t *testing.T) {
 	var calls atomic.Int64
 	var handlers []http.Handler
 	for range 4 {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 16, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
 		c.AddHook(scriptCounter{&calls})
 		l, err := middleware.New(store.NewRedis(c, store.WithKeyPrefix(prefix)), lim,

@@ -24,8 +24,6 @@ var (
 	batchingFlag = flag.String("batching", "0,4",
 		"comma-separated n of the tollgate-batch<n> variants on Redis, with store.WithBatching(n) "+
 			"(needs -tags tollgate_batching; empty for none)")
-	coalesceFlag = flag.Bool("coalesce", false,
-		"add the tollgate-coalesce variant on Redis, with store.WithCoalescing(true) (needs -tags tollgate_coalescing)")
 	poolFlag = flag.Int("pool", 64, "PoolSize of every go-redis client")
 )
 
@@ -76,7 +74,6 @@ type variant struct {
 	name     string
 	lib      string
 	batching *int
-	coalesce bool
 }
 
 func variants(b *testing.B, backend string) []variant {
@@ -85,13 +82,6 @@ func variants(b *testing.B, backend string) []variant {
 		vs = append(vs, variant{name: lib, lib: lib})
 		if lib != peers.Tollgate || backend != peers.Redis {
 			continue
-		}
-		if *coalesceFlag {
-			if peers.CoalescingBuilt() {
-				vs = append(vs, variant{name: "tollgate-coalesce", lib: lib, coalesce: true})
-			} else {
-				b.Logf("tollgate-coalesce left out: built without -tags tollgate_coalescing")
-			}
 		}
 		if *batchingFlag == "" {
 			continue
@@ -131,14 +121,16 @@ func BenchmarkDecide(b *testing.B) {
 				b.Run(v.name, func(b *testing.B) {
 					var client *redis.Client
 					if addr != "" {
-						client = redis.NewClient(&redis.Options{Addr: addr, PoolSize: *poolFlag})
+						// ContextTimeoutEnabled, as tollgate's store requires; every
+						// library gets the same client options.
+						client = redis.NewClient(&redis.Options{Addr: addr, PoolSize: *poolFlag, ContextTimeoutEnabled: true})
 						b.Cleanup(func() { client.Close() })
 					}
 					for _, w := range workloads {
 						b.Run(w.name, func(b *testing.B) {
 							d, err := peers.NewDecider(peers.Config{
 								Lib: v.lib, Backend: backend, Client: client,
-								Limit: w.limit, Batching: v.batching, Coalesce: v.coalesce,
+								Limit: w.limit, Batching: v.batching,
 							})
 							if err != nil {
 								b.Fatal(err)

@@ -170,7 +170,7 @@ func TestStoreFailure(t *testing.T) {
 			{middleware.FailClosed, 503, "1"},
 		} {
 			t.Run(down.name+"/"+tc.policy.String(), func(t *testing.T) {
-				rdb := redis.NewClient(&redis.Options{Addr: down.addr(t), MaxRetries: -1})
+				rdb := redis.NewClient(&redis.Options{Addr: down.addr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
 				t.Cleanup(func() { rdb.Close() })
 				var errs atomic.Int64
 				l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10),
@@ -516,7 +516,7 @@ func TestNextToken(t *testing.T) {
 func TestNoGoroutineLeak(t *testing.T) {
 	leaktest.Check(t)
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(100))
 	srv := httptest.NewServer(l.Handler(okHandler))
@@ -527,19 +527,36 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 }
 
+// The client's deadline ends the call before the limiter's budget: the
+// client went away, and the store is not to blame. With ContextTimeoutEnabled
+// the go-redis error usually comes back before the context's own timer has
+// marked it done, so several requests are sent.
 func TestClientGoneIsNotAStoreError(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	var hooked atomic.Int64
-	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), middleware.WithFailurePolicy(middleware.FailClosed),
-		middleware.WithOnError(func(*http.Request, error) { hooked.Add(1) }))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // the client gives up first
-	defer cancel()
-	w := httptest.NewRecorder()
-	l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
-	if l.Stats().StoreErrors != 0 || hooked.Load() != 0 || w.Code != http.StatusOK || w.Body.Len() != 0 {
-		t.Errorf("client gone: StoreErrors %d, hook %d, response %d %q; want nothing counted or written",
-			l.Stats().StoreErrors, hooked.Load(), w.Code, w.Body.String())
+	opts := []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosed),
+		middleware.WithOnError(func(*http.Request, error) { hooked.Add(1) })}
+	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), opts...)
+	multi, err := middleware.NewMulti(store.NewRedis(rdb), []middleware.Policy{{Name: "p", Limit: store.PerSecond(10)}}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		h     http.Handler
+		stats func() middleware.Stats
+	}{{"Limiter", l.Handler(okHandler), l.Stats}, {"Multi", multi.Handler(okHandler), multi.Stats}} {
+		for i := range 5 {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // the client gives up first
+			w := httptest.NewRecorder()
+			tc.h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+			cancel()
+			if tc.stats().StoreErrors != 0 || hooked.Load() != 0 || w.Code != http.StatusOK || w.Body.Len() != 0 {
+				t.Fatalf("%s, request %d, client gone: StoreErrors %d, hook %d, response %d %q; want nothing counted or written",
+					tc.name, i, tc.stats().StoreErrors, hooked.Load(), w.Code, w.Body.String())
+			}
+		}
 	}
 }
 
@@ -548,7 +565,7 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 // does not become the Cluster hash tag.
 func TestStoreKeyShape(t *testing.T) {
 	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	for _, tc := range []struct {
 		name, subject string
@@ -602,3 +619,60 @@ func TestNewRefusesRedisWithoutClient(t *testing.T) {
 		t.Error("NewMulti(store.NewRedis(nil)) = nil error; want one")
 	}
 }
+
+// A go-redis client that does not end calls at the context's deadline
+// would hold every request for its own timeouts when Redis stalls, beyond
+// WithTimeout's budget: New and NewMulti refuse it and say what to set, and
+// accept the same client with ContextTimeoutEnabled. A client type the
+// store cannot read the options of is refused too.
+func TestNewRefusesRedisWithoutContextTimeout(t *testing.T) {
+	addr := redistest.ClosedAddr(t) // never dialled: the constructors only check
+	for _, tc := range []struct {
+		name   string
+		client func(ctxTimeout bool) redis.UniversalClient
+	}{
+		{"client", func(on bool) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: on})
+		}},
+		{"cluster", func(on bool) redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: on})
+		}},
+		{"ring", func(on bool) redis.UniversalClient {
+			return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr}, ContextTimeoutEnabled: on})
+		}},
+		{"failover", func(on bool) redis.UniversalClient {
+			return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{addr}, ContextTimeoutEnabled: on})
+		}},
+		{"universal", func(on bool) redis.UniversalClient {
+			return redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, ContextTimeoutEnabled: on})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(false)
+			t.Cleanup(func() { c.Close() })
+			_, err := middleware.New(store.NewRedis(c), store.PerSecond(1))
+			if err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+				t.Errorf("New: error %v; want one that mentions ContextTimeoutEnabled", err)
+			}
+			_, err = middleware.NewMulti(store.NewRedis(c), []middleware.Policy{{Limit: store.PerSecond(1)}})
+			if err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+				t.Errorf("NewMulti: error %v; want one that mentions ContextTimeoutEnabled", err)
+			}
+			ok := tc.client(true)
+			t.Cleanup(func() { ok.Close() })
+			if _, err := middleware.New(store.NewRedis(ok), store.PerSecond(1)); err != nil {
+				t.Errorf("New with ContextTimeoutEnabled: %v", err)
+			}
+		})
+	}
+	t.Run("unknown client type", func(t *testing.T) {
+		c := wrappedClient{redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})}
+		t.Cleanup(func() { c.Close() })
+		if _, err := middleware.New(store.NewRedis(c), store.PerSecond(1)); err == nil {
+			t.Error("New: nil error for a client that is not a *redis.Client, *redis.ClusterClient or *redis.Ring; want one")
+		}
+	})
+}
+
+// wrappedClient is a redis.UniversalClient of a type the store does not know.
+type wrappedClient struct{ *redis.Client }

@@ -81,17 +81,8 @@ var batching func(n int) store.RedisOption
 // store.WithBatching (build tag tollgate_batching).
 func BatchingBuilt() bool { return batching != nil }
 
-// coalescing is store.WithCoalescing when the module is built with the
-// tollgate_coalescing tag (coalescing.go), else nil.
-var coalescing func(on bool) store.RedisOption
-
-// CoalescingBuilt reports whether this build can run tollgate's Redis store
-// with store.WithCoalescing (build tag tollgate_coalescing).
-func CoalescingBuilt() bool { return coalescing != nil }
-
 // Config says which library to run, on which backend, under which limit.
-// The zero values of Batching, Coalesce and DenyCache leave tollgate's
-// defaults.
+// The zero values of Batching and DenyCache leave tollgate's defaults.
 type Config struct {
 	Lib     string
 	Backend string
@@ -102,8 +93,6 @@ type Config struct {
 	// Batching, when not nil, is n in tollgate's store.WithBatching(n)
 	// (Redis only; 0 turns batching off).
 	Batching *int
-	// Coalesce sets tollgate's store.WithCoalescing(true) (Redis only).
-	Coalesce bool
 	// DenyCache, when not 0, is maxKeys in tollgate's
 	// middleware.WithDenyCache(maxKeys) (HTTP only).
 	DenyCache int
@@ -124,14 +113,11 @@ func (c Config) check() error {
 	}
 	for _, l := range Libs(c.Backend) {
 		if l == c.Lib {
-			if c.Lib != Tollgate && (c.Batching != nil || c.Coalesce || c.DenyCache != 0) {
-				return fmt.Errorf("peers: batching, coalescing and the deny cache are tollgate options, not %s's", c.Lib)
+			if c.Lib != Tollgate && (c.Batching != nil || c.DenyCache != 0) {
+				return fmt.Errorf("peers: batching and the deny cache are tollgate options, not %s's", c.Lib)
 			}
-			if (c.Batching != nil || c.Coalesce) && c.Backend != Redis {
-				return fmt.Errorf("peers: batching and coalescing need the redis backend")
-			}
-			if c.Coalesce && !CoalescingBuilt() {
-				return fmt.Errorf("peers: store.WithCoalescing: %w (build with -tags tollgate_coalescing)", ErrNotBuilt)
+			if c.Batching != nil && c.Backend != Redis {
+				return fmt.Errorf("peers: batching needs the redis backend")
 			}
 			if c.Batching != nil && !BatchingBuilt() {
 				return fmt.Errorf("peers: store.WithBatching: %w (build with -tags tollgate_batching)", ErrNotBuilt)
@@ -204,9 +190,6 @@ func tollgateStore(c Config) (store.Store, func() error) {
 	var opts []store.RedisOption
 	if c.Batching != nil {
 		opts = append(opts, batching(*c.Batching))
-	}
-	if c.Coalesce {
-		opts = append(opts, coalescing(true))
 	}
 	st := store.NewRedis(c.Client, opts...)
 	// A store with batching may run goroutines that a Close stops.

@@ -181,8 +181,9 @@ func openStore(addr string) (store.Store, error) {
 // newRedisClient returns a go-redis client with timeouts fit for a rate
 // limiter, which must answer within a few milliseconds or not at all. The
 // go-redis defaults (5s to dial, 3s to read or write) would let a dead Redis
-// hold requests for seconds; with ContextTimeoutEnabled the client also
-// stops at the limiter's budget (tollgate.WithTimeout, 100ms by default),
+// hold requests for seconds; with ContextTimeoutEnabled, which the store
+// requires (middleware.New refuses a client without it), the client also
+// stops at the limiter's budget (middleware.WithTimeout, 100ms by default),
 // and the failure policy decides.
 //
 // go-redis also retries a failed command (MaxRetries, 3 by default, with

@@ -22,10 +22,12 @@ func newMiniredisRouter(t *testing.T) (http.Handler, *miniredis.Miniredis) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	mr.SetTime(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
-	// The go-redis defaults and no decision budget: on a loaded test
-	// machine the production timeouts (50ms, 100ms) could expire while
-	// miniredis answers, and a request be decided by the failure policy.
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	// The go-redis default timeouts and no decision budget: on a loaded
+	// test machine the production timeouts (50ms, 100ms) could expire
+	// while miniredis answers, and a request be decided by the failure
+	// policy. ContextTimeoutEnabled as the store requires; patientStore's
+	// contexts have no deadline.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	h, err := newRouter(patientStore{store.NewRedis(rdb)})
 	if err != nil {

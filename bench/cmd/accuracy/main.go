@@ -124,7 +124,9 @@ func (r run1) measure(addr string, limit store.Limit, instances, goroutines int,
 	key := fmt.Sprintf("acc:%s:%d:%d", r.name, instances, time.Now().UnixNano())
 	deciders := make([]peers.Decider, instances)
 	for i := range deciders {
-		client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: goroutines / instances})
+		// ContextTimeoutEnabled, as tollgate's store requires; every library
+		// gets the same client options.
+		client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: goroutines / instances, ContextTimeoutEnabled: true})
 		defer client.Close()
 		dec, err := peers.NewDecider(peers.Config{
 			Lib: r.lib, Backend: peers.Redis, Client: client, Limit: limit, Batching: r.batching,

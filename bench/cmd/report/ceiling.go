@@ -61,7 +61,7 @@ func (r *report) ceiling(ctx context.Context) error {
 	if err := r.flushRedis(ctx); err != nil {
 		return err
 	}
-	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr})
+	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr, ContextTimeoutEnabled: true})
 	defer c.Close()
 	sha, err := c.ScriptLoad(ctx, lua.TokenBucket).Result()
 	if err != nil {
@@ -123,15 +123,19 @@ func (r *report) ceiling(ctx context.Context) error {
 // scriptArgs returns the ARGV that store.Redis gives the script for a Take
 // of cost 1 under l, as it sends them: a go-redis hook records one Take on a
 // scratch key (deleted afterwards), so that the ceiling runs exactly the
-// store's call, whatever form and units it chooses.
+// store's call. That call is lua/tokenbucket.lua with one key,
+// EVALSHA <sha> 1 <key> <k> <cap> <q>: for l = R tokens per P µs, burst B,
+// and g = gcd(R, P), q = R/g, t = P/g, cap = B*t and k = t (a cost of 1).
 func scriptArgs(ctx context.Context, addr string, l store.Limit) ([]string, error) {
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer c.Close()
 	var argv []string
+	var numkeys string
 	c.AddHook(argsHook(func(cmd redis.Cmder) {
 		if n := cmd.Name(); n == "evalsha" || n == "eval" {
-			argv = argv[:0]
-			for _, a := range cmd.Args()[4:] { // EVALSHA sha 1 key ARGV...
+			args := cmd.Args() // EVALSHA sha numkeys key... ARGV...
+			numkeys, argv = fmt.Sprint(args[2]), argv[:0]
+			for _, a := range args[4:] {
 				argv = append(argv, fmt.Sprint(a))
 			}
 		}
@@ -145,6 +149,9 @@ func scriptArgs(ctx context.Context, addr string, l store.Limit) ([]string, erro
 	}
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("ceiling: the store's Take sent no script call")
+	}
+	if numkeys != "1" || len(argv) != 3 {
+		return nil, fmt.Errorf("ceiling: the store's Take sent %s keys and arguments %q; want 1 key and <k> <cap> <q>", numkeys, argv)
 	}
 	return argv, nil
 }

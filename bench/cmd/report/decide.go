@@ -76,8 +76,7 @@ func (r *report) decide(ctx context.Context) error {
 	if r.hasTag("tollgate_batching") {
 		batching = r.cfg.batching
 	}
-	args = append(args, ".", "-args", "-batching="+batching,
-		"-coalesce="+strconv.FormatBool(r.hasTag("tollgate_coalescing")))
+	args = append(args, ".", "-args", "-batching="+batching)
 
 	f, err := os.Create(decideOut)
 	if err != nil {

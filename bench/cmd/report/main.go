@@ -40,7 +40,6 @@ const benchstat = "golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c
 // module compiles with it.
 var buildTags = []struct{ tag, option string }{
 	{"tollgate_batching", "store.WithBatching"},
-	{"tollgate_coalescing", "store.WithCoalescing"},
 	{"tollgate_denycache", "middleware.WithDenyCache"},
 }
 

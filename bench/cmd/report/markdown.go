@@ -152,8 +152,8 @@ func (r *report) decideMarkdown(b *bytes.Buffer) {
 		"(names `BenchmarkDecide/<backend>/<library>/<workload>/g<goroutines>`). One op is one decision of cost 1 "+
 		"through the library's lowest-level API (`Take`, `Allow`, `Get`, `RateLimitCtx`; httprate: `OnLimit`), "+
 		"on `context.Background()`. Goroutines: 1 is a plain loop; 16 and 64 are `b.RunParallel` with "+
-		"`b.SetParallelism(g / GOMAXPROCS)`. On Redis every library has its own go-redis client, `PoolSize: 64`, "+
-		"on the same redis-server.\n\n", r.cfg.benchtime, r.cfg.count, r.cfg.count)
+		"`b.SetParallelism(g / GOMAXPROCS)`. On Redis every library has its own go-redis client, `PoolSize: 64, "+
+		"ContextTimeoutEnabled: true`, on the same redis-server.\n\n", r.cfg.benchtime, r.cfg.count, r.cfg.count)
 	p("Limits: **hot and 100,000 keys: 10⁷ per second, burst 10⁸** (a bucket that refills in 10 s and that "+
 		"nothing here can drain, so decisions are allowed: at 10⁶/s, burst 10⁶, the in-memory stores, which "+
 		"decide several million times a second, would empty the hot bucket within the run and measure their "+
@@ -215,7 +215,7 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 		"`httplimit`; a minimal one for redis_rate and x/time/rate, which ship none). "+
 		"Server, load generator and redis-server share the %d cores, so absolute numbers are low and "+
 		"the ratios are what to read. The go-redis client has `PoolSize: 64, ContextTimeoutEnabled: true` "+
-		"(tollgate's README setting; only tollgate sets a deadline, its default 100 ms budget). Per answered "+
+		"(which tollgate's store requires; only tollgate sets a deadline, its default 100 ms budget). Per answered "+
 		"request: the round trips and commands the server's go-redis client sent (counted by a client hook; a "+
 		"pipeline is one round trip); the CPU time of Redis's main thread (`used_cpu_user_main_thread` + "+
 		"`used_cpu_sys_main_thread` of `INFO cpu`, network included), which is what bounds the decisions per "+
@@ -341,19 +341,18 @@ func (r *report) ceilingMarkdown(b *bytes.Buffer) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## 4. The ceiling: redis-benchmark running tollgate's script\n\n")
 	p("`lua.TokenBucket` loaded with `SCRIPT LOAD`, then run by `redis-benchmark` (in C, no Go client " +
-		"between) with the arguments `store.Redis` sends for a Take of cost 1 (the one-key form of " +
-		"`lua/tokenbucket.lua`: `EVALSHA <sha> 1 <key> <cap> <k> [<Q>]`, the limit in the bucket's units, " +
-		"the commands below): what this machine's redis-server can decide at most, one command per round " +
+		"between) with the arguments `store.Redis` sends for a Take of cost 1 (`lua/tokenbucket.lua` with " +
+		"one key: `EVALSHA <sha> 1 <key> <k> <cap> <q>`; for a limit of R tokens per P µs, burst B, and " +
+		"g = gcd(R, P): q = R/g, a token is t = P/g units of 1/q µs, cap = B·t and k = t; the commands " +
+		"below): what this machine's redis-server can decide at most, one command per round " +
 		"trip (`-P 1`) or 16 (`-P 16`). The last columns set tollgate's `store.Redis` from section 1 against it, " +
 		"same workload and concurrency: without batching against `-P 1`, with its default batching against " +
 		"`-P 16`. redis-benchmark ran after section 1, not beside it, so the share moves with the machine's " +
 		"load between the two. \"EVALSHA in Redis\" is the script's own time (`usec` over `calls` of " +
 		"`cmdstat_evalsha`); \"Redis CPU\" is the main thread's CPU time over the same calls, network " +
 		"included: one Redis core cannot run the script faster than once per that many microseconds. " +
-		"By default every Take is one script call. With `store.WithCoalescing(true)` (the tollgate-coalesce " +
-		"rows of section 1), the Takes of one bucket that leave in one pipeline share one script call of " +
-		"their summed cost (each still gets its own answer), so on one key that store can decide more often " +
-		"than Redis can run the script; over 100,000 keys it cannot.\n\n")
+		"Every Take is one script call, batched or not, so the store cannot decide more often than Redis " +
+		"can run the script.\n\n")
 	p("| run | decisions/s | p50 | p99 | EVALSHA in Redis | Redis CPU per EVALSHA | tollgate store.Redis | decisions/s | share of ceiling |\n")
 	p("|---|--:|--:|--:|--:|--:|---|--:|--:|\n")
 	for _, row := range r.ceilRows {

@@ -73,8 +73,8 @@ func run() error {
 		cfg.Batching = batching
 	}
 	if *backend == peers.Redis {
-		// ContextTimeoutEnabled, as tollgate's README recommends: socket
-		// I/O ends at a context's deadline. Only tollgate sets one.
+		// ContextTimeoutEnabled, as tollgate's store requires: socket I/O
+		// ends at a context's deadline. Only tollgate sets one.
 		client := redis.NewClient(&redis.Options{Addr: *redisAddr, PoolSize: *pool, ContextTimeoutEnabled: true})
 		defer client.Close()
 		client.AddHook(&counts)
