@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -22,14 +23,15 @@ const shards = 64
 
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the same semantics as [Redis]: for single servers, tests, and
-// degraded mode when Redis is unreachable. Buckets live in 64 maps, each
-// behind a mutex held for a map lookup and a few integer operations per
-// decision. A bucket exists only while it is not full: a background sweeper,
-// a read or a refund drops it once full again. At most MaxKeys buckets live
-// at once: a new key beyond that samples a few buckets and drops the full
-// ones, or else forgets the one nearest to full ([Memory.Evicted]), which can
-// only loosen that key's limit. Memory is safe for concurrent use. Its zero
-// value is not usable; call [NewMemory], and [Memory.Close] to stop the sweeper.
+// degraded mode when Redis is unreachable. Buckets live in 64 maps behind
+// read-write locks, each bucket with a mutex of its own, held for a few
+// integer operations per decision. A bucket exists only while it is not
+// full: a background sweeper, a read or a refund drops it once full again.
+// At most MaxKeys buckets live at once: a new key beyond that samples a few
+// buckets and drops the full ones, or else forgets the one nearest to full
+// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe
+// for concurrent use. Its zero value is not usable; call [NewMemory], and
+// [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards    [shards]shard
 	seeds     [2]maphash.Seed
@@ -46,14 +48,23 @@ type Memory struct {
 	closeOnce sync.Once
 }
 
-// A shard is one map of buckets. Every decision on it uses at least last, the
-// latest instant one used, so its clock never goes back, even for a goroutine
-// preempted after reading the clock while a bucket was dropped later.
+// A shard is one map of buckets, found under the read lock and decided under
+// their own (with one lock for both, 64 goroutines on a hot key decided 0.6
+// times as often as go-limiter's store in make bench-peers). Buckets come and
+// go under the write lock; a new one starts no earlier than dropped, the last
+// instant one was dropped at, so a stale clock reading cannot refill one.
 type shard struct {
-	mu      sync.Mutex
-	buckets map[id]*tat // pointers: a decision updates its bucket with one map lookup
-	last    int64
+	mu      sync.RWMutex
+	buckets map[id]*bucket
+	dropped int64
 	_       [32]byte // keep shards on separate cache lines
+}
+
+// A bucket is one key's state, dead once dropped from its shard.
+type bucket struct {
+	mu   sync.Mutex
+	s    tat
+	dead bool
 }
 
 // An id names a bucket: a 128-bit hash of its key under two random seeds, so
@@ -118,7 +129,8 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[id]*tat)
+		m.shards[i].buckets = make(map[id]*bucket)
+		m.shards[i].dropped = math.MinInt64 // none yet, whatever the clock says
 	}
 	if m.sweep > 0 {
 		go m.sweepLoop(m.sweep)
@@ -147,55 +159,77 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 	return res, err
 }
 
-// decide adds k units to key's bucket (k < 0 gives back) and fills res.
+// decide adds k units to key's bucket (takes, or gives back when k < 0),
+// and describes it in res.
 func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	b := m.id(key)
-	now := m.now() // outside the lock: the clock is the slowest step
+	now := m.now() // outside the locks: the clock is the slowest step
 	sh := &m.shards[b[0]%shards]
+	sh.mu.RLock()
+	bk := sh.buckets[b]
+	sh.mu.RUnlock()
+	if bk != nil {
+		bk.mu.Lock()
+		if !bk.dead {
+			du, df, allowed := bk.take(p, now, k)
+			bk.mu.Unlock()
+			p.fill(res, du, df, k, allowed)
+			if du == 0 && df == 0 { // full: a read or a refund drops it
+				sh.mu.Lock()
+				if bk.mu.Lock(); !bk.dead && bk.s.fullAt(now) {
+					m.drop(sh, b, bk, now)
+				}
+				bk.mu.Unlock()
+				sh.mu.Unlock()
+			}
+			return
+		}
+		bk.mu.Unlock() // dropped meanwhile: decide as for a new key
+	}
 	sh.mu.Lock()
-	now = sh.advance(now)
-	s := sh.buckets[b]
+	now = max(now, sh.dropped)
 	var du, df int64
-	if s != nil {
-		du, df = p.debt(*s, now)
-	}
-	allowed := p.fits(du, df, k)
-	if allowed && k != 0 {
-		du, df = p.after(du, df, k)
-	}
-	if allowed && (k != 0 || (s != nil && du == 0 && df == 0)) { // a read drops a full bucket
-		m.write(sh, b, s, p, du, df, now, []*shard{sh})
+	allowed := true
+	if bk = sh.buckets[b]; bk != nil {
+		bk.mu.Lock()
+		du, df, allowed = bk.take(p, now, k)
+		bk.mu.Unlock()
+	} else if k > 0 { // a missing key is a full bucket: only a Take writes one
+		du, df = p.after(0, 0, k)
+		m.insert(sh, b, tat{now + du, df, p.q}, now, []*shard{sh})
 	}
 	sh.mu.Unlock()
 	p.fill(res, du, df, k, allowed)
 }
 
-// advance returns and records max(now, sh.last). The caller holds sh.mu.
-func (sh *shard) advance(now int64) int64 {
-	now = max(now, sh.last)
-	sh.last = now
-	return now
+// take adds k units to bk at now if they fit, and returns its debt after.
+// The caller holds bk.mu.
+func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
+	du, df = p.debt(bk.s, now)
+	if allowed = p.fits(du, df, k); allowed && k != 0 {
+		du, df = p.after(du, df, k)
+		bk.s = tat{now + du, df, p.q}
+	}
+	return du, df, allowed
 }
 
-// write stores the debt (du, df) at now as bucket b of sh (state cur, or nil);
-// no debt is no state. The caller holds the locks of held, sh's among them.
-func (m *Memory) write(sh *shard, b id, cur *tat, p *params, du, df, now int64, held []*shard) {
-	s, ok := tat{now + du, df, p.q}, du > 0 || df > 0
-	switch {
-	case ok && cur != nil:
-		*cur = s
-	case ok:
-		for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
-			if n >= m.maxKeys {
-				m.evict(held, now) // make room first: the cap holds at every instant
-			}
+// insert adds a bucket in state s to sh, making room first at MaxKeys (the
+// cap holds at every instant). The caller write-locks held, sh among them.
+func (m *Memory) insert(sh *shard, b id, s tat, now int64, held []*shard) {
+	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
+		if n >= m.maxKeys {
+			m.evict(held, now)
 		}
-		nb := s // on the heap: declared here, it costs a new bucket only
-		sh.buckets[b] = &nb
-	case cur != nil: // full again: a missing key is a full bucket
-		delete(sh.buckets, b)
-		m.live.Add(-1)
 	}
+	sh.buckets[b] = &bucket{s: s}
+}
+
+// drop removes bk from sh. The caller holds sh's write lock and bk.mu.
+func (m *Memory) drop(sh *shard, b id, bk *bucket, now int64) {
+	bk.dead = true
+	delete(sh.buckets, b)
+	sh.dropped = max(sh.dropped, now)
+	m.live.Add(-1)
 }
 
 // evict drops a bucket to make room, from a shard held or one it can lock
@@ -208,7 +242,7 @@ func (m *Memory) evict(held []*shard, now int64) {
 	}
 	for i := range m.shards {
 		if sh := &m.shards[i]; !slices.Contains(held, sh) && sh.mu.TryLock() {
-			ok := m.evictFrom(sh, sh.advance(now))
+			ok := m.evictFrom(sh, now)
 			sh.mu.Unlock()
 			if ok {
 				return
@@ -222,10 +256,13 @@ func (m *Memory) evict(held []*shard, now int64) {
 // place) and drops the first that is full at now, or else the one nearest to
 // full. It reports whether it dropped one. The caller holds sh.mu.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	victim, vt, n := id{}, tat{}, 0
-	for b, s := range sh.buckets {
+	victim, vb, vt, n := id{}, (*bucket)(nil), tat{}, 0
+	for b, bk := range sh.buckets {
+		bk.mu.Lock()
+		s := bk.s
+		bk.mu.Unlock()
 		if n == 0 || s.u < vt.u {
-			victim, vt = b, *s
+			victim, vb, vt = b, bk, s
 		}
 		if n++; n == 8 || s.fullAt(now) {
 			break
@@ -234,11 +271,12 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	if n == 0 {
 		return false
 	}
-	if !vt.fullAt(now) {
+	vb.mu.Lock()
+	if !vb.s.fullAt(now) {
 		m.evicted.Add(1)
 	}
-	delete(sh.buckets, victim)
-	m.live.Add(-1)
+	m.drop(sh, victim, vb, now)
+	vb.mu.Unlock()
 	return true
 }
 
@@ -268,30 +306,43 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	for i, n := range order {
 		held[i] = &m.shards[n]
 		held[i].mu.Lock()
-		now = max(now, held[i].last)
+		now = max(now, held[i].dropped)
 	}
+	// With the write locks held, the other holders of these buckets' locks
+	// (Takes) hold no other lock: locking several cannot deadlock.
 	type debt struct {
 		du, df, k int64
-		cur       *tat
+		bk        *bucket
 	}
 	ds := make([]debt, len(reqs))
 	all := true
 	for i, q := range reqs {
-		in[i].last = now
 		d := &ds[i]
 		d.k = int64(q.Cost) * ps[i].t
-		if d.cur = in[i].buckets[ids[i]]; d.cur != nil {
-			d.du, d.df = ps[i].debt(*d.cur, now)
+		if d.bk = in[i].buckets[ids[i]]; d.bk != nil {
+			d.bk.mu.Lock()
+			d.du, d.df = ps[i].debt(d.bk.s, now)
 		}
 		all = all && ps[i].fits(d.du, d.df, d.k)
 	}
 	out := make([]Result, len(reqs))
-	for i, d := range ds {
+	for i := range ds {
+		d := &ds[i]
 		if all && d.k != 0 {
 			d.du, d.df = ps[i].after(d.du, d.df, d.k)
-			m.write(in[i], ids[i], d.cur, ps[i], d.du, d.df, now, held)
+		}
+		if d.bk != nil {
+			if all && d.k != 0 {
+				d.bk.s = tat{now + d.du, d.df, ps[i].q}
+			}
+			d.bk.mu.Unlock()
 		}
 		out[i] = ps[i].result(d.du, d.df, d.k, all)
+	}
+	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
+		if all && d.k > 0 && d.bk == nil {
+			m.insert(in[i], ids[i], tat{now + d.du, d.df, ps[i].q}, now, held)
+		}
 	}
 	for _, sh := range held {
 		sh.mu.Unlock()
@@ -331,12 +382,12 @@ func (m *Memory) sweepLoop(every time.Duration) {
 		for i := range m.shards { // drop every full bucket, a shard at a time
 			sh := &m.shards[i]
 			sh.mu.Lock()
-			now := sh.advance(m.now())
-			for b, s := range sh.buckets {
-				if s.fullAt(now) {
-					delete(sh.buckets, b)
-					m.live.Add(-1)
+			now := m.now()
+			for b, bk := range sh.buckets {
+				if bk.mu.Lock(); bk.s.fullAt(now) {
+					m.drop(sh, b, bk, now)
 				}
+				bk.mu.Unlock()
 			}
 			sh.mu.Unlock()
 		}
