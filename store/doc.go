@@ -29,8 +29,8 @@
 // ([WithBatching]), with no linger at low load. A bucket exists only while it
 // is not full: a Redis key's TTL is the time until it is full again, and
 // [Memory] drops full buckets and caps how many it holds ([WithMaxKeys]).
-// Redis stores keys longer than 128 bytes, or starting with '#', under their
-// SHA-256; Memory keys buckets by a 128-bit hash of the key.
+// Both keep a key longer than 128 bytes, or starting with '#', under a hash
+// of it (Redis: SHA-256), so a hostile header cannot blow up memory.
 //
 // [lua.TokenBucket]: https://pkg.go.dev/github.com/tollgate-go/tollgate/lua#TokenBucket
 package store

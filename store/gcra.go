@@ -127,6 +127,9 @@ func (p *params) fill(res *Result, du, df, k int64, allowed bool) {
 
 // ceilDiv is a/b rounded up, for b >= 1 (Go's / rounds a negative a up).
 func ceilDiv(a, b int64) int64 {
+	if b == 1 { // the rate divides the period: no division on a denial
+		return a
+	}
 	if a > 0 && a%b != 0 {
 		return a/b + 1
 	}

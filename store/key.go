@@ -1,6 +1,8 @@
 package store
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"strings"
@@ -9,6 +11,20 @@ import (
 // maxKeyLen is the longest key kept as it is; longer keys are hashed so that
 // a hostile header cannot blow up Redis or process memory.
 const maxKeyLen = 128
+
+// hashed returns the name the Redis store keeps key's bucket under when key is
+// longer than maxKeyLen or starts with '#' (ok true; then no key is kept
+// under the hashed form of another): "#" and 23 bytes of its SHA-256 in
+// base64url, 32 bytes, which a conversion to string keeps on the stack.
+func hashed(key string) (h [32]byte, ok bool) {
+	if len(key) <= maxKeyLen && !strings.HasPrefix(key, "#") {
+		return h, false
+	}
+	sum := sha256.Sum256([]byte(key))
+	h[0] = '#'
+	base64.RawURLEncoding.Encode(h[1:], sum[:23])
+	return h, true
+}
 
 // tag returns the store's hash tag for key on a Cluster or Ring ([Redis.Key]):
 // 8 hex digits of the FNV-1a hash of key's group, the part inside its first

@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +36,8 @@ const shards = 64
 // [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards    [shards]shard
-	seeds     [2]maphash.Seed
+	seed      maphash.Seed
+	long      maphash.Seed // the second seed of hashed
 	limits    limitCache
 	maxKeys   int64
 	live      atomic.Int64 // buckets in all shards
@@ -55,26 +58,43 @@ type Memory struct {
 // instant one was dropped at, so a stale clock reading cannot refill one.
 type shard struct {
 	mu      sync.RWMutex
-	buckets map[id]*bucket
+	buckets map[uint64]*bucket // by the key's seeded hash; keys of one hash chain
 	dropped int64
 	_       [32]byte // keep shards on separate cache lines
 }
 
-// A bucket is one key's state, dead once dropped from its shard.
+// A bucket is one key's state, dead once dropped from its shard. A bucket is
+// found by one seeded hash of its key and the key compared (hashing twice for
+// a 128-bit identity instead cost a fifth of a decision on a hot key).
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
 	dead bool
+	key  string // a copy, or the hashed form of a long key
+	next *bucket
 }
 
-// An id names a bucket: a 128-bit hash of its key under two random seeds, so
-// a bucket costs a map slot and its state (48 bytes) whatever its key's length
-// and a decision reads two places in memory, not three (slot, key, state).
-// Two keys collide with a chance of 2^-128 per pair, unfindable from outside.
-type id [2]uint64
+// hashed is the key Memory keeps instead of key when key is longer than
+// maxKeyLen or starts with '#' (ok true): "#" and two seeded 64-bit hashes of
+// it, without the allocation that SHA-256 of a long string costs. No one
+// outside the process can look for two keys that collide.
+func (m *Memory) hashed(key string) (h [17]byte, ok bool) {
+	if len(key) <= maxKeyLen && !strings.HasPrefix(key, "#") {
+		return h, false
+	}
+	h[0] = '#'
+	binary.LittleEndian.PutUint64(h[1:], maphash.String(m.seed, key))
+	binary.LittleEndian.PutUint64(h[9:], maphash.String(m.long, key))
+	return h, true
+}
 
-func (m *Memory) id(key string) id {
-	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
+// find returns key's bucket in sh, or nil. The caller holds sh.mu.
+func (sh *shard) find(h uint64, key string) *bucket {
+	bk := sh.buckets[h]
+	for bk != nil && bk.key != key {
+		bk = bk.next
+	}
+	return bk
 }
 
 // MemoryOption configures a [Memory] store.
@@ -116,7 +136,8 @@ func WithClock(now func() time.Time) MemoryOption {
 // it starts one goroutine, which [Memory.Close] stops.
 func NewMemory(opts ...MemoryOption) *Memory {
 	m := &Memory{
-		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		seed:    maphash.MakeSeed(),
+		long:    maphash.MakeSeed(),
 		maxKeys: DefaultMaxKeys,
 		start:   time.Now(),
 		sweep:   DefaultSweepInterval,
@@ -129,7 +150,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[id]*bucket)
+		m.shards[i].buckets = make(map[uint64]*bucket)
 		m.shards[i].dropped = math.MinInt64 // none yet, whatever the clock says
 	}
 	if m.sweep > 0 {
@@ -162,11 +183,14 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 // decide adds k units to key's bucket (takes, or gives back when k < 0),
 // and describes it in res.
 func (m *Memory) decide(res *Result, key string, p *params, k int64) {
-	b := m.id(key)
+	if h, ok := m.hashed(key); ok {
+		key = string(h[:])
+	}
+	b := maphash.String(m.seed, key)
 	now := m.now() // outside the locks: the clock is the slowest step
-	sh := &m.shards[b[0]%shards]
+	sh := &m.shards[b%shards]
 	sh.mu.RLock()
-	bk := sh.buckets[b]
+	bk := sh.find(b, key)
 	sh.mu.RUnlock()
 	if bk != nil {
 		bk.mu.Lock()
@@ -190,13 +214,13 @@ func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	now = max(now, sh.dropped)
 	var du, df int64
 	allowed := true
-	if bk = sh.buckets[b]; bk != nil {
+	if bk = sh.find(b, key); bk != nil {
 		bk.mu.Lock()
 		du, df, allowed = bk.take(p, now, k)
 		bk.mu.Unlock()
 	} else if k > 0 { // a missing key is a full bucket: only a Take writes one
 		du, df = p.after(0, 0, k)
-		m.insert(sh, b, tat{now + du, df, p.q}, now, []*shard{sh})
+		m.insert(sh, b, key, tat{now + du, df, p.q}, now, []*shard{sh})
 	}
 	sh.mu.Unlock()
 	p.fill(res, du, df, k, allowed)
@@ -215,19 +239,29 @@ func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
 
 // insert adds a bucket in state s to sh, making room first at MaxKeys (the
 // cap holds at every instant). The caller write-locks held, sh among them.
-func (m *Memory) insert(sh *shard, b id, s tat, now int64, held []*shard) {
+func (m *Memory) insert(sh *shard, b uint64, key string, s tat, now int64, held []*shard) {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
 			m.evict(held, now)
 		}
 	}
-	sh.buckets[b] = &bucket{s: s}
+	sh.buckets[b] = &bucket{s: s, key: strings.Clone(key), next: sh.buckets[b]}
 }
 
 // drop removes bk from sh. The caller holds sh's write lock and bk.mu.
-func (m *Memory) drop(sh *shard, b id, bk *bucket, now int64) {
+func (m *Memory) drop(sh *shard, b uint64, bk *bucket, now int64) {
 	bk.dead = true
-	delete(sh.buckets, b)
+	switch head := sh.buckets[b]; {
+	case head == bk && bk.next == nil:
+		delete(sh.buckets, b)
+	case head == bk:
+		sh.buckets[b] = bk.next
+	default:
+		for head.next != bk {
+			head = head.next
+		}
+		head.next = bk.next
+	}
 	sh.dropped = max(sh.dropped, now)
 	m.live.Add(-1)
 }
@@ -256,8 +290,8 @@ func (m *Memory) evict(held []*shard, now int64) {
 // place) and drops the first that is full at now, or else the one nearest to
 // full. It reports whether it dropped one. The caller holds sh.mu.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	victim, vb, vt, n := id{}, (*bucket)(nil), tat{}, 0
-	for b, bk := range sh.buckets {
+	victim, vb, vt, n := uint64(0), (*bucket)(nil), tat{}, 0
+	for b, bk := range sh.buckets { // the first bucket of each hash will do
 		bk.mu.Lock()
 		s := bk.s
 		bk.mu.Unlock()
@@ -290,11 +324,15 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids, in := make([]id, len(reqs)), make([]*shard, len(reqs))
+	keys, hs, in := make([]string, len(reqs)), make([]uint64, len(reqs)), make([]*shard, len(reqs))
 	var order []uint64
 	for i, q := range reqs {
-		ids[i] = m.id(q.Key)
-		n := ids[i][0] % shards
+		keys[i] = q.Key
+		if h, ok := m.hashed(q.Key); ok {
+			keys[i] = string(h[:])
+		}
+		hs[i] = maphash.String(m.seed, keys[i])
+		n := hs[i] % shards
 		in[i] = &m.shards[n]
 		if !slices.Contains(order, n) {
 			order = append(order, n)
@@ -319,7 +357,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	for i, q := range reqs {
 		d := &ds[i]
 		d.k = int64(q.Cost) * ps[i].t
-		if d.bk = in[i].buckets[ids[i]]; d.bk != nil {
+		if d.bk = in[i].find(hs[i], keys[i]); d.bk != nil {
 			d.bk.mu.Lock()
 			d.du, d.df = ps[i].debt(d.bk.s, now)
 		}
@@ -341,7 +379,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	}
 	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
 		if all && d.k > 0 && d.bk == nil {
-			m.insert(in[i], ids[i], tat{now + d.du, d.df, ps[i].q}, now, held)
+			m.insert(in[i], hs[i], keys[i], tat{now + d.du, d.df, ps[i].q}, now, held)
 		}
 	}
 	for _, sh := range held {
@@ -384,10 +422,12 @@ func (m *Memory) sweepLoop(every time.Duration) {
 			sh.mu.Lock()
 			now := m.now()
 			for b, bk := range sh.buckets {
-				if bk.mu.Lock(); bk.s.fullAt(now) {
-					m.drop(sh, b, bk, now)
+				for ; bk != nil; bk = bk.next {
+					if bk.mu.Lock(); bk.s.fullAt(now) {
+						m.drop(sh, b, bk, now)
+					}
+					bk.mu.Unlock()
 				}
-				bk.mu.Unlock()
 			}
 			sh.mu.Unlock()
 		}

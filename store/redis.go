@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -130,12 +128,7 @@ func (r *Redis) Validate() error {
 // of it): keys of a group share a slot, and no caller's text names one.
 func (r *Redis) Key(key string) string {
 	stored := key
-	if len(key) > maxKeyLen || strings.HasPrefix(key, "#") {
-		// "#" and 23 bytes of SHA-256 in base64url: 32, in an array on the stack.
-		var h [32]byte
-		sum := sha256.Sum256([]byte(key))
-		h[0] = '#'
-		base64.RawURLEncoding.Encode(h[1:], sum[:23])
+	if h, ok := hashed(key); ok {
 		stored = string(h[:])
 	}
 	if !r.tagged {
