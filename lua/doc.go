@@ -3,24 +3,22 @@
 //
 // # Token bucket
 //
-// [TokenBucket] decides n >= 1 token buckets together, all or nothing, in
-// one atomic call on Redis's own clock (TIME). A bucket of capacity burst
-// gets rate tokens per period_us microseconds. Its state is its theoretical
-// arrival time (TAT), the instant at which it is full again; its debt
-// D = max(TAT - now, 0) is how far it is from full. Time counts in units of
-// 1/q microsecond, where q = rate/g and t = period_us/g, with
-// g = gcd(rate, period_us): one token takes t units exactly.
+// [TokenBucket] decides n >= 1 token buckets together, all or nothing, in one
+// atomic call on Redis's clock (TIME). A bucket of capacity burst gets rate
+// tokens per period_us microseconds. Its state is its theoretical arrival time
+// (TAT), the instant it is full again; its debt D = max(TAT - now, 0) is how
+// far it is from full. Time counts in units of 1/q µs, where q = rate/g and
+// t = period_us/g, g = gcd(rate, period_us): one token takes t units exactly.
 //
 //	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <k1> <cap1> <q1> ... <kn> <capn> <qn>
 //
-// For a decision of c tokens, k = c*t (0 reads the bucket; a negative k
-// gives -c tokens back, never above full) and cap = burst*t; all are
-// integers with 1 <= cap <= 2^50, -cap <= k <= cap and 1 <= q <= 2^50. When,
-// for every bucket, k <= 0 or D + k <= cap, every TAT becomes
-// max(TAT, now) + k/q; otherwise nothing is written. The reply is
-// {allowed, du1, df1, ..., dun, dfn}: allowed is 1 when the ks were applied,
-// and bucket i's debt after the call is dui + dfi/q microseconds
-// (0 <= dfi < q). From a debt D = du*q + df units, a caller reads
+// For a decision of c tokens, k = c*t (0 reads the bucket; a negative k gives
+// -c tokens back, never above full) and cap = burst*t, integers with
+// 1 <= cap <= 2^50, -cap <= k <= cap and 1 <= q <= 2^50. If for every bucket
+// k <= 0 or D + k <= cap, every TAT becomes max(TAT, now) + k/q; otherwise
+// nothing is written. The reply is {allowed, du1, df1, ..., dun, dfn}: allowed
+// is 1 if the ks were applied, and bucket i's debt after the call is
+// dui + dfi/q µs (0 <= dfi < q). From a debt D = du*q + df units, a caller reads
 //
 //	remaining       = floor((cap - D) / t), at least 0   whole tokens left
 //	reset_after_us  = du + (1 if df > 0)                  until the bucket is full
@@ -30,12 +28,10 @@
 //
 // # State
 //
-// A key's value is "<u>" or "<u>+<f>/<q>": TAT = u + f/q microseconds of
-// Redis's clock. A TAT only moves forward, except by a refund, so a denial,
-// or a decision under another limit on the same key (whose fraction, in
-// another q, is rounded up), never hands tokens back. Every write sets the
-// key's expiry to the time until the bucket is full again, so no key lives
-// without a TTL; a bucket that is full again is deleted. A value that is not
-// a state is read as a full bucket. Arguments out of range get an error reply
-// starting with "ERR tollgate:".
+// A key's value is "<u>" or "<u>+<f>/<q>": TAT = u + f/q µs of Redis's clock.
+// Only a refund moves a TAT back: neither a denial nor a decision under another
+// limit on the key (its fraction, in another q, rounded up) hands tokens back.
+// Every write sets the key's expiry to the time until the bucket is full, so no
+// key lives without a TTL; a full bucket is deleted. A value that is not a state
+// reads as a full bucket; arguments out of range get an "ERR tollgate:" reply.
 package lua

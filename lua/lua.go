@@ -6,12 +6,10 @@ import (
 	"fmt"
 )
 
-// TokenBucket is the source of the token-bucket script (tokenbucket.lua).
-// The package documentation describes its KEYS, ARGV and reply.
+// TokenBucket is the source of tokenbucket.lua; the package doc gives its protocol.
 //
 //go:embed tokenbucket.lua
 var TokenBucket string
 
-// TokenBucketSHA1 is the hex SHA1 digest of [TokenBucket], the name under
-// which Redis caches the script for EVALSHA.
+// TokenBucketSHA1 is the hex SHA1 of [TokenBucket], its name for EVALSHA.
 var TokenBucketSHA1 = fmt.Sprintf("%x", sha1.Sum([]byte(TokenBucket)))

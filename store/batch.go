@@ -12,15 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatch bounds the script calls in one pipeline, so that one write stays
-// small and one slow reply holds up few callers.
+// maxBatch bounds a pipeline: small writes, few callers held up by a slow reply.
 const maxBatch = 128
 
-// A batcher gathers the calls for one Redis node (or a Ring) into pipelines
-// (WithBatching): a call goes out from its caller's goroutine when none is
-// queued and a slot is free, else a worker sends it with all those queued and
-// exits once none are. Measured: at 64 goroutines on one node, 1.7-2.6 times
-// the decisions per second of a call per Take (make bench-peers, tollgate-batch0).
+// A batcher sends one Redis node's (or a Ring's) calls in pipelines, by a worker
+// that exits once none are queued. At 64 goroutines on one node, 1.7-2.6 times
+// the decisions/s of a call per Take (make bench-peers, tollgate-batch0).
 type batcher struct {
 	r      *Redis
 	client redis.UniversalClient // the node's client (or the Ring)
@@ -29,8 +26,7 @@ type batcher struct {
 	active int // pipelines in flight, direct calls included
 }
 
-// do runs c and waits until it is answered or ctx ends; abandoned is true
-// when ctx ended first, and a worker still holds c.
+// do runs c and waits for its answer; abandoned: ctx ended while a worker has c.
 func (b *batcher) do(ctx context.Context, c *call) (abandoned bool, err error) {
 	b.mu.Lock()
 	if len(b.queue) == 0 && b.active < b.r.pipelines {
@@ -155,19 +151,16 @@ func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	first := context.WithoutCancel(calls[0].ctx)
 	var last time.Time
 	for _, c := range calls {
-		d, ok := c.ctx.Deadline()
-		if !ok {
+		if d, ok := c.ctx.Deadline(); !ok {
 			return first, func() {}
-		}
-		if d.After(last) {
+		} else if d.After(last) {
 			last = d
 		}
 	}
 	return context.WithDeadline(first, last)
 }
 
-// isRedirect reports whether a Cluster node's error means that the key is
-// now served elsewhere, or that the node cannot serve it at the moment.
+// isRedirect reports whether err says a Cluster node cannot serve the key now.
 func isRedirect(err error) bool {
 	var rerr redis.Error
 	return errors.As(err, &rerr) && slices.ContainsFunc([]string{"MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "LOADING ", "READONLY "},

@@ -7,23 +7,20 @@ import (
 	"time"
 )
 
-// The arithmetic the lua package documents (TAT, debt D, units of 1/q µs, one
-// token t units, cap = Burst*t): taking c tokens succeeds iff D + c*t <= cap,
-// and then TAT becomes max(TAT, now) + c*t; only a refund lowers a TAT. Memory
-// runs it here, Redis in lua/tokenbucket.lua; both make Results with result.
+// Memory runs here the arithmetic of the lua package doc (TAT, debt D, units of
+// 1/q µs, a token t units, cap = Burst*t): c tokens fit iff D + c*t <= cap, and
+// then TAT becomes max(TAT, now) + c*t; only a refund lowers a TAT.
 
 // maxProduct bounds Burst*Rate and cap, so that the arithmetic stays exact
 // in int64 and in the doubles of Redis's Lua (exact to 2^53).
 const maxProduct = 1 << 50
 
-// params is a valid Limit in the units of the arithmetic, with the values
-// the script takes boxed once (boxing an integer above 255 allocates).
+// params is a valid Limit in the arithmetic's units, script arguments boxed once.
 type params struct {
-	l         Limit
-	q, t, cap int64
-	capUs     int64  // cap/q + 1: a debt of more whole microseconds is above cap
-	args      [2]any // cap and q, for the script
-	k1        any    // t: the script's k for a cost of 1
+	l                Limit
+	q, t, cap, capUs int64  // capUs = cap/q+1: a debt of more whole µs exceeds cap
+	args             [2]any // cap and q, for the script
+	k1               any    // t: the script's k for a cost of 1
 }
 
 func newParams(l Limit) (*params, error) {
@@ -42,24 +39,22 @@ func newParams(l Limit) (*params, error) {
 	for b > 0 {
 		g, b = b, g%b
 	}
-	p := &params{l: l, q: rate / g, t: period / g}
+	q, t := rate/g, period/g
 	if hi, lo := bits.Mul64(uint64(rate), uint64(burst)); hi != 0 || lo > maxProduct {
 		return nil, l.invalid("Burst*Rate must not exceed 2^50")
 	}
-	hi, lo := bits.Mul64(uint64(p.t), uint64(burst))
+	hi, lo := bits.Mul64(uint64(t), uint64(burst))
 	if hi != 0 || lo > maxProduct {
 		return nil, l.invalid("Burst*Period/gcd(Rate, Period in µs) must not exceed 2^50")
 	}
-	p.cap = int64(lo)
-	p.capUs, p.args, p.k1 = p.cap/p.q+1, [2]any{p.cap, p.q}, p.t
-	return p, nil
+	c := int64(lo) // the capacity
+	return &params{l: l, q: q, t: t, cap: c, capUs: c/q + 1, args: [2]any{c, q}, k1: t}, nil
 }
 
 // tat is a bucket's state, TAT = u + f/q µs; the zero value (q 0) is full.
 type tat struct{ u, f, q int64 }
 
-// debt returns how far a bucket in state s is from full at now: du µs and
-// df/p.q of one, a fraction counted in another Limit's units rounded up.
+// debt returns s's debt at now, du + df/p.q µs, another q's fraction rounded up.
 func (p *params) debt(s tat, now int64) (du, df int64) {
 	u, f := s.u, s.f
 	if s.q != p.q && f > 0 {
@@ -145,8 +140,7 @@ type limitCache struct {
 	next  atomic.Uint32
 }
 
-// units returns limit's params and the units of n tokens, negative when
-// they are given back (refund), or the error for an invalid limit or n.
+// units returns limit's params and n tokens' units (< 0: refunded), or an error.
 func (c *limitCache) units(key string, limit Limit, n int, refund bool) (*params, int64, error) {
 	p, err := c.get(limit)
 	switch {

@@ -8,14 +8,11 @@ import (
 	"strings"
 )
 
-// maxKeyLen is the longest key kept as it is; longer keys are hashed so that
-// a hostile header cannot blow up Redis or process memory.
+// maxKeyLen bounds unhashed keys, so that a hostile header cannot blow up memory.
 const maxKeyLen = 128
 
-// hashed returns the name the Redis store keeps key's bucket under when key is
-// longer than maxKeyLen or starts with '#' (ok true; then no key is kept
-// under the hashed form of another): "#" and 23 bytes of its SHA-256 in
-// base64url, 32 bytes, which a conversion to string keeps on the stack.
+// hashed returns key's hashed form if [Redis.Key] needs one (ok true): "#" and
+// 23 bytes of SHA-256 in base64url: 32 bytes, which string() keeps on the stack.
 func hashed(key string) (h [32]byte, ok bool) {
 	if len(key) <= maxKeyLen && !strings.HasPrefix(key, "#") {
 		return h, false
@@ -26,11 +23,9 @@ func hashed(key string) (h [32]byte, ok bool) {
 	return h, true
 }
 
-// tag returns the store's hash tag for key on a Cluster or Ring ([Redis.Key]):
-// 8 hex digits of the FNV-1a hash of key's group, the part inside its first
-// "{...}" (as Redis reads a hash tag), else the whole key. A caller's braces
-// choose only which keys go together (one script call in TakeAll), never the
-// slot itself.
+// tag returns the hash tag of key for [Redis.Key]: 8 hex digits of the FNV-1a of
+// key's group, inside its first "{...}" (as Redis reads a hash tag), else all of
+// key. A caller's braces choose which keys go together, never the slot itself.
 func tag(key string) (b [8]byte) {
 	g := key
 	if open := strings.IndexByte(key, '{'); open >= 0 {

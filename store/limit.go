@@ -32,20 +32,14 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute, B
 // PerHour returns a Limit of rate tokens per hour with Burst = rate.
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
 
-// Validate reports whether the stores can decide l exactly: Rate and Burst
-// at least 1, Period a positive whole number of microseconds (the stores'
-// clock resolution), and Burst*Rate and the capacity Burst*Period/gcd(Rate,
-// Period), Period in µs, at most 2^50 (so at most 2^50 µs, about 35 years, to
-// refill). The error wraps [ErrInvalidLimit] and names the field.
-func (l Limit) Validate() error {
-	_, err := newParams(l)
-	return err
-}
+// Validate reports whether the stores can decide l exactly: Rate and Burst at
+// least 1, Period a positive whole number of µs (the stores' clock resolution),
+// and Burst*Rate and the capacity Burst*Period/gcd(Rate, Period µs) at most 2^50
+// (about 35 years to refill). The error wraps [ErrInvalidLimit], naming the field.
+func (l Limit) Validate() error { _, err := newParams(l); return err }
 
 // String returns a compact form of l, such as "100/1m0s burst 10".
-func (l Limit) String() string {
-	return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst)
-}
+func (l Limit) String() string { return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst) }
 
 func (l Limit) invalid(format string, args ...any) error {
 	return fmt.Errorf("store: %w %v: %s", ErrInvalidLimit, l, fmt.Sprintf(format, args...))
@@ -61,11 +55,10 @@ type Result struct {
 }
 
 // Store decides token-bucket limits; implementations are safe for concurrent
-// use. Take takes cost tokens from the bucket named key under limit if all of
-// them are there (a cost of 0 reads it), and reports the bucket's state. Over
-// the limit is a Result with Allowed false, not an error, and consumes
-// nothing. Errors are for an invalid limit or cost ([ErrInvalidLimit],
-// [ErrInvalidCost]) and a store that cannot decide (network, timeout).
+// use. Take takes cost tokens from the bucket named key under limit if all are
+// there (a cost of 0 reads it) and reports the bucket's state. Over the limit is
+// a Result with Allowed false, consuming nothing, not an error; errors are for an
+// invalid limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) or a broken store.
 type Store interface {
 	Take(ctx context.Context, key string, limit Limit, cost int) (Result, error)
 }

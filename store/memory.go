@@ -24,48 +24,41 @@ const DefaultSweepInterval = 10 * time.Second
 const shards = 64
 
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
-// clock, with the same semantics as [Redis]: for single servers, tests, and
-// degraded mode when Redis is unreachable. Buckets live in 64 maps behind
-// read-write locks, each bucket with a mutex of its own, held for a few
-// integer operations per decision. A bucket exists only while it is not
-// full: a background sweeper, a read or a refund drops it once full again.
-// At most MaxKeys buckets live at once: a new key beyond that samples a few
-// buckets and drops the full ones, or else forgets the one nearest to full
-// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe
-// for concurrent use. Its zero value is not usable; call [NewMemory], and
-// [Memory.Close] to stop the sweeper.
+// clock, with the semantics of [Redis]: for one server, tests, and degraded
+// mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
+// behind read-write locks, each behind a mutex held for a few integer
+// operations per decision. Past MaxKeys, a new key drops a full bucket or
+// forgets the one nearest to full ([Memory.Evicted]), which can only loosen
+// that key's limit. Memory is safe for concurrent use; its zero value is not
+// usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
-	shards    [shards]shard
-	seed      maphash.Seed
-	long      maphash.Seed // the second seed of hashed
-	limits    limitCache
-	maxKeys   int64
-	live      atomic.Int64 // buckets in all shards
-	evicted   atomic.Int64
-	clock     func() time.Time // nil: the monotonic clock
-	start     time.Time
-	sweep     time.Duration
-	err       error // the first unusable option, for Validate
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	shards        [shards]shard
+	seed, long    maphash.Seed // long: hashed's second seed
+	limits        limitCache
+	maxKeys       int64
+	live, evicted atomic.Int64     // live: buckets in all shards
+	clock         func() time.Time // nil: the monotonic clock
+	start         time.Time
+	sweep         time.Duration
+	err           error // the first unusable option, for Validate
+	stop, done    chan struct{}
+	closeOnce     sync.Once
 }
 
-// A shard is one map of buckets, found under the read lock and decided under
-// their own (with one lock for both, 64 goroutines on a hot key decided 0.6
-// times as often as go-limiter's store in make bench-peers). Buckets come and
-// go under the write lock; a new one starts no earlier than dropped, the last
-// instant one was dropped at, so a stale clock reading cannot refill one.
+// A shard is one map of buckets, found under its read lock and decided under
+// their own (one lock for both: 0.6 times the decisions of go-limiter's store,
+// 64 goroutines on a hot key, make bench-peers). Buckets come and go under the
+// write lock; a new one starts at dropped or later: a stale clock refills none.
 type shard struct {
 	mu      sync.RWMutex
 	buckets map[uint64]*bucket // by the key's seeded hash; keys of one hash chain
-	dropped int64
-	_       [32]byte // keep shards on separate cache lines
+	dropped int64              // the last instant a bucket was dropped at
+	_       [32]byte           // keep shards on separate cache lines
 }
 
-// A bucket is one key's state, dead once dropped from its shard. A bucket is
-// found by one seeded hash of its key and the key compared (hashing twice for
-// a 128-bit identity instead cost a fifth of a decision on a hot key).
+// A bucket is one key's state, dead once dropped from its shard, found by one
+// seeded hash of its key and the key compared (hashing twice for a 128-bit
+// identity instead cost a fifth of a decision on a hot key).
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
@@ -74,10 +67,8 @@ type bucket struct {
 	next *bucket
 }
 
-// hashed is the key Memory keeps instead of key when key is longer than
-// maxKeyLen or starts with '#' (ok true): "#" and two seeded 64-bit hashes of
-// it, without the allocation that SHA-256 of a long string costs. No one
-// outside the process can look for two keys that collide.
+// hashed is Memory's form of a key that [Redis.Key] would hash (ok true): "#"
+// and two seeded 64-bit hashes: no SHA-256 allocation, no collision to aim at.
 func (m *Memory) hashed(key string) (h [17]byte, ok bool) {
 	if len(key) <= maxKeyLen && !strings.HasPrefix(key, "#") {
 		return h, false
@@ -114,14 +105,11 @@ func WithMaxKeys(n int) MemoryOption {
 
 // WithSweepInterval sets how often a background sweeper drops full buckets
 // (default [DefaultSweepInterval]). At 0 or below none starts: full buckets
-// are dropped only to make room for new keys, or when a refund fills them.
-func WithSweepInterval(d time.Duration) MemoryOption {
-	return func(m *Memory) { m.sweep = d }
-}
+// are dropped only to make room for new keys, or by a read or refund.
+func WithSweepInterval(d time.Duration) MemoryOption { return func(m *Memory) { m.sweep = d } }
 
-// WithClock makes the store read the time from now instead of its monotonic
-// clock, for tests; a clock going back counts as standing still. A nil now is
-// an error that [Memory.Validate] reports, and the monotonic clock stays.
+// WithClock makes the store read the time from now, for tests; a clock going
+// back stands still. A nil now is ignored, and an error for [Memory.Validate].
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) {
 		if now != nil {
@@ -136,13 +124,9 @@ func WithClock(now func() time.Time) MemoryOption {
 // it starts one goroutine, which [Memory.Close] stops.
 func NewMemory(opts ...MemoryOption) *Memory {
 	m := &Memory{
-		seed:    maphash.MakeSeed(),
-		long:    maphash.MakeSeed(),
-		maxKeys: DefaultMaxKeys,
-		start:   time.Now(),
-		sweep:   DefaultSweepInterval,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		seed: maphash.MakeSeed(), long: maphash.MakeSeed(), maxKeys: DefaultMaxKeys,
+		start: time.Now(), sweep: DefaultSweepInterval,
+		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -180,8 +164,7 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 	return res, err
 }
 
-// decide adds k units to key's bucket (takes, or gives back when k < 0),
-// and describes it in res.
+// decide adds k units to key's bucket (k < 0: gives back), describing it in res.
 func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	if h, ok := m.hashed(key); ok {
 		key = string(h[:])
@@ -226,8 +209,7 @@ func (m *Memory) decide(res *Result, key string, p *params, k int64) {
 	p.fill(res, du, df, k, allowed)
 }
 
-// take adds k units to bk at now if they fit, and returns its debt after.
-// The caller holds bk.mu.
+// take adds k units to bk at now if they fit and returns its debt; bk.mu is held.
 func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
 	du, df = p.debt(bk.s, now)
 	if allowed = p.fits(du, df, k); allowed && k != 0 {
@@ -286,9 +268,8 @@ func (m *Memory) evict(held []*shard, now int64) {
 	runtime.Gosched()
 }
 
-// evictFrom samples up to 8 buckets of sh (map iteration starts at a random
-// place) and drops the first that is full at now, or else the one nearest to
-// full. It reports whether it dropped one. The caller holds sh.mu.
+// evictFrom drops, of up to 8 buckets of sh (in random map order), the first
+// full at now, else the nearest to full, and reports if it did; sh.mu is held.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	victim, vb, vt, n := uint64(0), (*bucket)(nil), tat{}, 0
 	for b, bk := range sh.buckets { // the first bucket of each hash will do
@@ -317,8 +298,7 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 // fullAt reports whether a bucket in state s is full at now.
 func (s *tat) fullAt(now int64) bool { return s.u < now || (s.u == now && s.f == 0) }
 
-// TakeAll implements [MultiStore], deciding every bucket at one instant with
-// the keys' shards locked in order (so that concurrent calls cannot deadlock).
+// TakeAll implements [MultiStore] at one instant; shards lock in order (no deadlock).
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &m.limits)
 	if err != nil {
@@ -352,8 +332,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		du, df, k int64
 		bk        *bucket
 	}
-	ds := make([]debt, len(reqs))
-	all := true
+	ds, out, all := make([]debt, len(reqs)), make([]Result, len(reqs)), true
 	for i, q := range reqs {
 		d := &ds[i]
 		d.k = int64(q.Cost) * ps[i].t
@@ -363,7 +342,6 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		}
 		all = all && ps[i].fits(d.du, d.df, d.k)
 	}
-	out := make([]Result, len(reqs))
 	for i := range ds {
 		d := &ds[i]
 		if all && d.k != 0 {

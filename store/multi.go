@@ -13,24 +13,20 @@ type Request struct {
 	Cost  int
 }
 
-// MultiStore is a [Store] that decides several buckets at once, all or
-// nothing, so a per-user limit is not spent by requests a global limit
-// refused. [Memory] and [Redis] implement it, and middleware uses it.
+// MultiStore is a [Store] that decides several buckets at once, all or nothing,
+// so a per-user limit is not spent by requests a global limit refused.
 type MultiStore interface {
 	Store
 	// TakeAll takes reqs[i].Cost tokens from every bucket reqs[i].Key, or none,
-	// and returns one Result per request, in order, all with the same Allowed.
-	// When denied, each describes its bucket as it stands (Remaining without
-	// this request), RetryAfter being the time until it holds its cost (zero
-	// if it had room: the largest is when the whole request could pass). Keys
-	// must be distinct: an invalid limit or cost, or a repeated key, is an
-	// error and takes nothing.
+	// and returns a Result per request, in order, all with the same Allowed. When
+	// denied, each describes its bucket as it stands, RetryAfter until it holds
+	// its cost (0 if it had room: the largest is when all could pass). An invalid
+	// limit or cost, or a repeated key, is an error and takes nothing.
 	TakeAll(ctx context.Context, reqs []Request) ([]Result, error)
 }
 
-// Refunder is a [Store] that can give tokens back, for example after the
-// response showed that a request should not have counted (a successful
-// login, a server error). [Memory] and [Redis] implement it.
+// Refunder is a [Store] that can give tokens back, as when a response shows that
+// a request should not have counted (a successful login, a server error).
 type Refunder interface {
 	// Refund gives tokens (0 <= tokens <= limit.Burst) back to the bucket named
 	// key, never above capacity, and returns it as it then stands (Allowed true).
@@ -40,7 +36,7 @@ type Refunder interface {
 // ErrDuplicateKey is wrapped by TakeAll's error when two requests name one bucket.
 var ErrDuplicateKey = errors.New("duplicate key")
 
-// checkRequests validates reqs and returns their parameters.
+// checkRequests validates reqs and returns their params.
 func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
 	ps := make([]*params, len(reqs))
 	for i, q := range reqs {

@@ -17,15 +17,13 @@ import (
 // DefaultKeyPrefix is the key prefix of a [Redis] store without [WithKeyPrefix].
 const DefaultKeyPrefix = "tollgate:"
 
-// Redis is a [Store] that keeps buckets in Redis, shared by every server of
-// an application. Each Take is one EVALSHA of [lua.TokenBucket] (one round
-// trip, atomic, on Redis's clock), sent again once as EVAL if Redis lacks the
-// script; concurrent Takes are batched ([WithBatching]). A key's TTL is the
-// time until its bucket is full again; a restart without persistence refills
+// Redis is a [Store] that keeps buckets in Redis, shared by every server of an
+// application. Each Take is one EVALSHA of [lua.TokenBucket] (a round trip,
+// atomic, on Redis's clock), sent again once as EVAL if Redis lacks the script,
+// and batched with concurrent ones. A restart without persistence refills
 // every bucket. It takes a go-redis Client (single node or Sentinel),
-// ClusterClient or Ring that ends its calls at the context's deadline
-// (ContextTimeoutEnabled: true; see [Redis.Validate]). Redis is safe for
-// concurrent use; its zero value is not usable, call [NewRedis].
+// ClusterClient or Ring with ContextTimeoutEnabled ([Redis.Validate]). Redis
+// is safe for concurrent use; its zero value is not usable, call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
 	cluster   *redis.ClusterClient // client, when it is a Cluster client
@@ -48,17 +46,14 @@ type RedisOption func(*Redis)
 
 // WithKeyPrefix sets the store's key prefix (default [DefaultKeyPrefix]), used
 // as is: end it with a separator ("myapp:"). Prefixes never share a bucket.
-func WithKeyPrefix(prefix string) RedisOption {
-	return func(r *Redis) { r.prefix = prefix }
-}
+func WithKeyPrefix(prefix string) RedisOption { return func(r *Redis) { r.prefix = prefix } }
 
 // WithBatching sets the pipelines in flight per Redis node (default
-// [DefaultBatchPipelines]; 0: no batching; below 0: an error that
-// [Redis.Validate] reports). A Take goes out at once, alone, while fewer than
-// n are in flight (no delay at low load), else in the next pipeline with the
-// Takes queued meanwhile (at most 128), each still one EVALSHA answered on its
-// own. On a Cluster, batches are per master; a redirected Take (MOVED, ASK)
-// is sent again alone via the Cluster client. Client hooks see pipelines.
+// [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
+// Below n in flight a Take goes out at once, alone (no delay at low load), else
+// in the next pipeline, with up to 128 queued meanwhile, each its own EVALSHA.
+// On a Cluster, batches are per master; a redirect (MOVED, ASK) is sent alone.
+// Client hooks see pipelines.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {
@@ -72,17 +67,14 @@ func WithBatching(n int) RedisOption {
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines, client: client}
-	isNil := false // a nil pointer is no client: an error, never a panic
 	switch c := client.(type) {
-	case *redis.Client:
-		isNil = c == nil
 	case *redis.ClusterClient:
-		isNil, r.cluster, r.tagged = c == nil, c, true
+		r.cluster, r.tagged = c, true
 	case *redis.Ring:
-		isNil, r.tagged = c == nil, true
+		r.tagged = true
 	}
-	if isNil {
-		r.client = nil
+	if client == (*redis.Client)(nil) || client == (*redis.ClusterClient)(nil) || client == (*redis.Ring)(nil) {
+		r.client = nil // a nil pointer is no client: an error, never a panic
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -93,10 +85,9 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	return r
 }
 
-// Validate returns an error, which middleware.New refuses, when the client is
-// nil, an option was unusable (such as WithBatching(-1), then ignored), or
-// the client does not end calls at the context's deadline (a stalled Redis
-// would hold every request for the client's own timeouts).
+// Validate returns an error, which middleware.New refuses, for a nil client, an
+// unusable option (then ignored, such as WithBatching(-1)), or a client that does
+// not end calls at the context's deadline: a stalled Redis would hold requests.
 func (r *Redis) Validate() error {
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
@@ -121,11 +112,10 @@ func (r *Redis) Validate() error {
 	return nil
 }
 
-// Key returns the Redis key of the bucket named key: the prefix and key, or
-// "#" and its SHA-256 if key is longer than 128 bytes or starts with '#' (so
-// no key is stored under another's hashed form). On a Cluster or Ring the
-// store's hash tag comes first, from key's group (its first "{...}", else all
-// of it): keys of a group share a slot, and no caller's text names one.
+// Key returns the Redis key of the bucket named key: the prefix and key, or "#"
+// and its SHA-256 if key is longer than 128 bytes or starts with '#' (so no key
+// is stored as another's hash). On a Cluster or Ring, a hash tag of key's group
+// (its first "{...}", else all of it) comes first: a group's keys share a slot.
 func (r *Redis) Key(key string) string {
 	stored := key
 	if h, ok := hashed(key); ok {
@@ -163,12 +153,11 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	return p.result(debts[0], debts[1], k, allowed), nil
 }
 
-// TakeAll implements [MultiStore] in one atomic script call on a single node
-// or Sentinel. On a Cluster or Ring, each group of keys ([Redis.Key]:
-// "{user:42}:10/s" and "{user:42}:1000/h" are one) is a call, in order of
-// first appearance; when one is denied or fails, earlier ones' tokens are
-// given back (each within 100 ms, even after ctx ends; a failed refund leaves
-// its tokens taken: strict, never loose) and later groups read while ctx lasts.
+// TakeAll implements [MultiStore] in one atomic script call on a single node or
+// Sentinel. On a Cluster or Ring, each group of keys ([Redis.Key]) is a call, in
+// order; if one is denied or fails, earlier ones' tokens go back (each within
+// 100 ms, even after ctx ends; a failed refund leaves them taken: strict, never
+// loose) and later groups read while ctx lasts.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &r.limits)
 	if err != nil {
@@ -176,7 +165,20 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	}
 	out, debts := make([]Result, len(reqs)), make([]int64, 2*len(reqs))
 	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
-	groups := r.groups(reqs)
+	// groups: reqs' indexes by hash tag (one without), in order of appearance.
+	var tags [][8]byte
+	var groups [][]int
+	for i, q := range reqs {
+		var t [8]byte
+		if r.tagged {
+			t = tag(q.Key)
+		}
+		j := slices.Index(tags, t)
+		if j < 0 {
+			tags, groups, j = append(tags, t), append(groups, nil), len(groups)
+		}
+		groups[j] = append(groups[j], i)
+	}
 	for gi, g := range groups {
 		allowed, err := r.group(ctx, reqs, ps, g, 1, debts)
 		if err != nil {
@@ -213,25 +215,6 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		return out, nil
 	}
 	return out, nil
-}
-
-// groups splits the indexes of reqs by the store's hash tag of their keys
-// (one group when keys carry none), in the order of first appearance.
-func (r *Redis) groups(reqs []Request) [][]int {
-	var tags [][8]byte
-	var groups [][]int
-	for i, q := range reqs {
-		var t [8]byte
-		if r.tagged {
-			t = tag(q.Key)
-		}
-		j := slices.Index(tags, t)
-		if j < 0 {
-			tags, groups, j = append(tags, t), append(groups, nil), len(groups)
-		}
-		groups[j] = append(groups[j], i)
-	}
-	return groups
 }
 
 // group runs one script call for reqs at indexes g, costs times sign (1: take,
@@ -291,8 +274,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []*params, take
 	}
 }
 
-// exec runs c, through the batcher of its node or alone. abandoned is true
-// when ctx ended while a worker still holds c.
+// exec runs c through its node's batcher, or alone; abandoned is as for do.
 func (r *Redis) exec(ctx context.Context, c *call) (abandoned bool, err error) {
 	if r.pipelines == 0 {
 		return false, r.run(ctx, c)
@@ -355,19 +337,13 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 // isNoScript reports whether err says Redis lacks the script ("NOSCRIPT No
 // matching script...", which proxies and managed services may reword or prefix).
 func isNoScript(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false // a network error: running EVAL would not help
-	}
+	var rerr redis.Error // a Redis reply: EVAL would not help a network error
 	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "noscript") || strings.Contains(msg, "no matching script")
+	return errors.As(err, &rerr) && (strings.Contains(msg, "noscript") || strings.Contains(msg, "no matching script"))
 }
 
 // The script's name and source as arguments, boxed once.
-var (
-	evalsha, shaArg = any("evalsha"), any(lua.TokenBucketSHA1)
-	eval, srcArg    = any("eval"), any(lua.TokenBucket)
-)
+var evalsha, shaArg, eval, srcArg = any("evalsha"), any(lua.TokenBucketSHA1), any("eval"), any(lua.TokenBucket)
 
 // A call is one script call: a Take, or one group of a TakeAll.
 type call struct {
@@ -387,13 +363,11 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // newCall returns a call for n keys, the first named key, args up to its keys.
 func newCall(ctx context.Context, key string, n int) *call {
 	c := callPool.Get().(*call)
-	c.ctx, c.key = ctx, key
-	c.args, c.debts = c.argsBuf[:0], c.debtsBuf[:0]
+	c.ctx, c.key, c.args, c.debts = ctx, key, c.argsBuf[:0], c.debtsBuf[:0]
 	if n > 1 {
 		c.args, c.debts = make([]any, 0, 3+4*n), make([]int64, 0, 2*n)
 	}
-	c.args = append(c.args, evalsha, shaArg, n)
-	c.debts = c.debts[:2*n]
+	c.args, c.debts = append(c.args, evalsha, shaArg, n), c.debts[:2*n]
 	return c
 }
 
@@ -405,12 +379,6 @@ func (c *call) eval() []any {
 }
 
 // release returns c to the pool; only its caller does, once no worker holds it.
-func (c *call) release() {
-	*c = call{done: c.done}
-	callPool.Put(c)
-}
+func (c *call) release() { *c = call{done: c.done}; callPool.Put(c) }
 
-func (c *call) answer(err error) {
-	c.err = err
-	c.done <- struct{}{}
-}
+func (c *call) answer(err error) { c.err = err; c.done <- struct{}{} }
