@@ -26,7 +26,7 @@ const shards = 64
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
 // mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
-// behind read-write locks, each behind a mutex held for a few integer
+// behind read-write locks, each bucket with a mutex held for a few integer
 // operations per decision. Past MaxKeys, a new key drops a full bucket or
 // forgets the one nearest to full ([Memory.Evicted]), which can only loosen
 // that key's limit. Memory is safe for concurrent use; its zero value is not
