@@ -82,7 +82,7 @@ func NewMiddleware(c Config, key KeyFunc) (func(http.Handler) http.Handler, func
 		}
 		return h.RateLimit, nop, nil
 	case Sethvargo:
-		st, err := memorystore.New(&memorystore.Config{Tokens: uint64(l.Rate), Interval: l.Period})
+		st, err := memorystore.New(sethvargoConfig(l))
 		if err != nil {
 			return nil, nil, fmt.Errorf("peers: sethvargo: %w", err)
 		}

@@ -9,7 +9,7 @@
 //	redis_rate  token bucket (GCRA in one Lua script)             Rate/Period, Burst
 //	throttled   token bucket (GCRA; GET+TIME, then a CAS script)  PerDuration(Rate, Period), MaxBurst = Burst-1
 //	xrate       x/time/rate per key in a mutex-guarded map        Rate/Period, Burst
-//	sethvargo   Rate tokens refilled every Period; no burst       Tokens = Rate, Interval = Period
+//	sethvargo   Tokens refilled every Interval; no separate burst  Tokens = Burst, Interval = Period·Burst/Rate
 //	ulule       fixed window counter; no burst                    Limit = Rate per Period
 //	httprate    sliding window counter; no burst                  Rate per Period window
 //
@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/go-chi/httprate"
 	httprateredis "github.com/go-chi/httprate-redis"
@@ -170,7 +171,7 @@ func NewDecider(c Config) (Decider, error) {
 		}
 		return throttledDecider{rl}, nil
 	case Sethvargo:
-		st, err := memorystore.New(&memorystore.Config{Tokens: uint64(l.Rate), Interval: l.Period})
+		st, err := memorystore.New(sethvargoConfig(l))
 		if err != nil {
 			return nil, fmt.Errorf("peers: sethvargo: %w", err)
 		}
@@ -355,6 +356,16 @@ func (d throttledDecider) Decide(ctx context.Context, key string) (bool, error) 
 
 func (throttledDecider) Close() error { return nil }
 
+// sethvargoConfig gives go-limiter the capacity and the average rate of l:
+// Burst tokens every Burst/Rate periods. (Tokens = Rate per Period would let
+// the benchmarks' hot key drain within a run, measuring its denial path.)
+func sethvargoConfig(l store.Limit) *memorystore.Config {
+	return &memorystore.Config{
+		Tokens:   uint64(l.Burst),
+		Interval: time.Duration(int64(l.Period) * int64(l.Burst) / int64(l.Rate)),
+	}
+}
+
 type sethvargoStore interface {
 	Take(ctx context.Context, key string) (tokens, remaining, reset uint64, ok bool, err error)
 	Close(ctx context.Context) error
@@ -417,7 +428,7 @@ func Describe(lib string) string {
 	case Throttled:
 		return "token bucket (GCRA); on Redis TIME+GET, then a CAS (EVAL of the whole script, or SETNX+EXPIRE), retried up to 10 times"
 	case Sethvargo:
-		return "Rate tokens per Period, refilled by whole intervals; no separate burst; in-process only"
+		return "Tokens per Interval, refilled by whole intervals; no separate burst (here Tokens = Burst, Interval = Period·Burst/Rate); in-process only"
 	case XRate:
 		return "x/time/rate token bucket per key, map behind one mutex; in-process only"
 	}

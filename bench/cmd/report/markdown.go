@@ -49,8 +49,8 @@ var peerNotes = []string{
 		"(nanoseconds per token, used as a count of tokens) instead of `Tokens`, so above √(Interval in ns) tokens " +
 		"per interval — 31,623 per second — a bucket never refills to its size. Checked with `Tokens: 100000, " +
 		"Interval: time.Second`: 100,000 allowed in the first second, 10,000 in the next, 30,000 after 3 idle " +
-		"seconds. The runs here are short (a new limiter per workload, about a second each), so the first " +
-		"second's full bucket mostly hides it; a long-running server at 10⁷/s would allow 100 requests a second. " +
+		"seconds. The runs here are short (a new limiter per workload, about a second each) and never reach a " +
+		"second interval, so they do not show it; a long-running server at 10⁷/s would allow 100 requests a second. " +
 		"Reset is reported as a time; no Retry-After in seconds.",
 	"**x/time/rate** in a map behind one mutex: the usual hand-rolled limiter; in-process only, never forgets a key.",
 }
@@ -157,9 +157,12 @@ func (r *report) decideMarkdown(b *bytes.Buffer) {
 	p("Limits: **hot and 100,000 keys: 10⁷ per second, burst 10⁸** (a bucket that refills in 10 s and that "+
 		"nothing here can drain, so decisions are allowed: at 10⁶/s, burst 10⁶, the in-memory stores, which "+
 		"decide several million times a second, would empty the hot bucket within the run and measure their "+
-		"denial path instead); **denied: 100 per second, burst 100**. Libraries without a burst get the rate per "+
-		"period (see the model above). Before the in-memory 100,000-key runs, every key is decided once, untimed, "+
-		"so that they measure decisions on known keys rather than making buckets. "+
+		"denial path instead); **denied: 100 per second, burst 100**. ulule and httprate, which have no burst, get the rate "+
+		"per period; go-limiter gets `Tokens` = Burst every Burst/Rate periods (10⁸ per 10 s), the limit's capacity "+
+		"and average rate, so that it too never drains the hot key. Before the in-memory 100,000-key runs, every key is decided once, untimed, "+
+		"so that they measure decisions on known keys rather than making buckets, and from a copy of the key "+
+		"strings: in a server each request's key is a new string, so a store that keeps the first caller's "+
+		"string compares bytes with it instead of finding the same pointer. "+
 		"Cells are the median decisions/s of %d samples, with the ratio to tollgate in the same column in "+
 		"parentheses; allocations, the share of decisions allowed and the share that failed are at 64 "+
 		"goroutines.\n\n", r.cfg.count)
