@@ -24,8 +24,9 @@
 // user and global, all or nothing) and [Refunder] (Refund: tokens back).
 // [Redis] batches concurrent Takes ([WithBatching]). A bucket exists only
 // while not full (a Redis key's TTL is the time until then); [Memory] caps
-// their number ([WithMaxKeys]). Keys over 128 bytes or starting with '#' are
-// kept hashed, so a hostile header cannot blow up memory.
+// their number ([WithMaxKeys]). Redis keeps keys over 128 bytes or starting
+// with '#' hashed, Memory a 128-bit seeded hash of every key, so a hostile
+// header cannot blow up memory.
 //
 // [lua.TokenBucket]: https://pkg.go.dev/github.com/tollgate-go/tollgate/lua#TokenBucket
 package store
