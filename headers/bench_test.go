@@ -65,7 +65,7 @@ func BenchmarkWrite(b *testing.B) {
 // from the table, and formatting every time (a new pair per iteration).
 func BenchmarkCacheWrite(b *testing.B) {
 	now := time.Unix(1_700_000_000, 0)
-	c := NewCache(Default, benchUser.Name, benchUser.Limit, benchUser.Window)
+	c := NewCache(Default, benchUser.Name, benchUser.Limit, benchUser.Rate, benchUser.Window)
 	b.Run("Default/one quota", func(b *testing.B) {
 		b.ReportAllocs()
 		h := make(http.Header)

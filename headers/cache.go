@@ -35,6 +35,7 @@ type Cache struct {
 	profile Profile
 	name    string
 	limit   int
+	rate    int
 	window  time.Duration
 	fast    bool     // the profile writes nothing that depends on the time of day
 	policy  []string // the RateLimit-Policy value
@@ -51,18 +52,19 @@ type cacheEntry struct {
 	vals             [3]string
 }
 
-// NewCache returns a Cache for the policy name with the given limit and
+// NewCache returns a Cache for the policy name with the given limit, rate and
 // window, written under profile p (see [Write]).
-func NewCache(p Profile, name string, limit int, window time.Duration) *Cache {
+func NewCache(p Profile, name string, limit, rate int, window time.Duration) *Cache {
 	c := &Cache{
 		profile: p,
 		name:    name,
 		limit:   limit,
+		rate:    rate,
 		window:  window,
 		fast:    p&XRateLimitEpoch == 0,
 		limitV:  []string{strconv.FormatInt(clampInt(limit), 10)},
 	}
-	q := Quota{Name: name, Limit: limit, Window: window}
+	q := Quota{Name: name, Limit: limit, Rate: rate, Window: window}
 	c.policy = []string{string(appendItem(nil, &q, true))}
 	return c
 }
@@ -80,7 +82,7 @@ func (c *Cache) WriteDenied(h http.Header, q Quota, retryAfter time.Duration, no
 // parameter, read only when WriteRetryAfter is called.
 func (c *Cache) writeDenied(h http.Header, q Quota, retryAfter time.Duration, now time.Time, clock func() time.Time) {
 	reset := Seconds(q.Reset)
-	if !c.fast || q.Limit != c.limit || q.Window != c.window || q.Name != c.name || !c.alone(h) ||
+	if !c.fast || q.Limit != c.limit || q.Rate != c.rate || q.Window != c.window || q.Name != c.name || !c.alone(h) ||
 		c.profile&XRateLimitDelta != 0 && reset >= epochThreshold { // would be read back as a Unix time
 		c.Write(h, q, now)
 		writeRetryAfter(h, retryAfter, clock())
@@ -136,12 +138,12 @@ func (c *Cache) alone(h http.Header) bool {
 
 // Write adds q to h under the Cache's profile, exactly as
 // Write(h, profile, q, now) would. It takes the formatted values from the
-// Cache when q is the Cache's policy (same Name, Limit and Window), the
+// Cache when q is the Cache's policy (same Name, Limit, Rate and Window), the
 // profile does not include [XRateLimitEpoch], and h holds none of the
 // fields to write, so that there is nothing to merge; otherwise it calls
 // [Write].
 func (c *Cache) Write(h http.Header, q Quota, now time.Time) {
-	if !c.fast || q.Limit != c.limit || q.Window != c.window || q.Name != c.name || !c.absent(h) {
+	if !c.fast || q.Limit != c.limit || q.Rate != c.rate || q.Window != c.window || q.Name != c.name || !c.absent(h) {
 		Write(h, c.profile, q, now)
 		return
 	}

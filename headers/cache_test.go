@@ -11,7 +11,7 @@ import (
 func TestCacheWritesWhatWriteWrites(t *testing.T) {
 	api := Quota{Name: "api", Limit: 100, Window: time.Minute, Remaining: 42, Reset: 1500 * time.Millisecond}
 	for _, p := range []Profile{Default, Draft11, Draft03, XRateLimitDelta, Default | XRateLimitDelta, Default | XRateLimitEpoch, 0} {
-		c := NewCache(p, api.Name, api.Limit, api.Window)
+		c := NewCache(p, api.Name, api.Limit, api.Rate, api.Window)
 		for _, tc := range []struct {
 			name   string
 			before []Quota // written with Write before the Cache writes api
@@ -42,7 +42,7 @@ func TestCacheWritesWhatWriteWrites(t *testing.T) {
 }
 
 func TestCacheSharedValuesSurviveAdd(t *testing.T) {
-	c := NewCache(Default, "api", 100, time.Minute)
+	c := NewCache(Default, "api", 100, 0, time.Minute)
 	q := Quota{Name: "api", Limit: 100, Window: time.Minute, Remaining: 42, Reset: time.Second}
 	h1 := make(http.Header)
 	c.Write(h1, q, epoch)
@@ -58,7 +58,7 @@ func TestCacheSharedValuesSurviveAdd(t *testing.T) {
 
 func TestCacheCollisions(t *testing.T) {
 	// More pairs than slots: every pair is still written right.
-	c := NewCache(Default, "api", 1000, time.Minute)
+	c := NewCache(Default, "api", 1000, 0, time.Minute)
 	for round := range 2 {
 		for r := range 2 * cacheSlots {
 			q := Quota{Name: "api", Limit: 1000, Window: time.Minute, Remaining: r, Reset: time.Duration(r%7) * time.Second}
@@ -72,7 +72,7 @@ func TestCacheCollisions(t *testing.T) {
 }
 
 func TestCacheConcurrent(t *testing.T) {
-	c := NewCache(Default, "api", 100, time.Minute)
+	c := NewCache(Default, "api", 100, 0, time.Minute)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
@@ -97,7 +97,7 @@ func TestCacheAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	c := NewCache(Default, "api", 100, time.Minute)
+	c := NewCache(Default, "api", 100, 0, time.Minute)
 	q := Quota{Name: "api", Limit: 100, Window: time.Minute, Remaining: 42, Reset: time.Second}
 	h := make(http.Header)
 	c.Write(h, q, epoch)
@@ -128,7 +128,7 @@ func TestCacheWriteDenied(t *testing.T) {
 				Quota{Name: "api", Limit: 100, Window: time.Minute, Remaining: 0, Reset: time.Second}, time.Second},
 		} {
 			for _, before := range []Profile{Default, XRateLimitDelta, XRateLimitEpoch} {
-				c := NewCache(p, tc.q.Name, tc.q.Limit, tc.q.Window)
+				c := NewCache(p, tc.q.Name, tc.q.Limit, tc.q.Rate, tc.q.Window)
 				for range 2 {
 					want, got := make(http.Header), make(http.Header)
 					for _, o := range tc.before {

@@ -15,12 +15,14 @@
 // [Draft11] writes two RFC 9651 Lists of draft-ietf-httpapi-ratelimit-headers-11,
 // with one item per policy, named by [Quota.Name]:
 //
-//	RateLimit-Policy: "<name>";q=<Limit>;w=<Window>
+//	RateLimit-Policy: "<name>";q=<quota>;w=<window>
 //	RateLimit: "<name>";r=<Remaining>;t=<Reset>
 //
-// q and r are counts of tokens, Limit (the bucket's capacity) and Remaining;
-// w and t are durations in whole seconds, Window (the limit's period) and
-// Reset (the time until the next token, 0 when the bucket is full).
+// q/w is the sustained rate, [Quota.Rate] tokens per [Quota.Window] (see
+// [PolicyQuota]: w is the window in whole seconds, q the tokens that fall in
+// it, rounded down); r is the whole tokens left, at most the bucket's
+// capacity [Quota.Limit], and t the seconds until the next token (0 when
+// the bucket is full).
 //
 // The name is written as an RFC 9651 String: '"' and '\' are escaped with a
 // backslash, and every byte outside printable ASCII (0x20 to 0x7E), which a

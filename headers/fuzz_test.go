@@ -35,9 +35,9 @@ func FuzzWrite(f *testing.F) {
 		profile := Profile(p)
 		now := time.Unix(0, nowNanos)
 		all := []Quota{
-			{string(name0), int(limit0), time.Duration(window0), int(remaining0), time.Duration(reset0)},
-			{string(name1), int(limit1), time.Duration(window1), int(remaining1), time.Duration(reset1)},
-			{string(name2), int(limit2), time.Duration(window2), int(remaining2), time.Duration(reset2)},
+			{string(name0), int(limit0), 0, time.Duration(window0), int(remaining0), time.Duration(reset0)},
+			{string(name1), int(limit1), 0, time.Duration(window1), int(remaining1), time.Duration(reset1)},
+			{string(name2), int(limit2), 0, time.Duration(window2), int(remaining2), time.Duration(reset2)},
 		}
 		quotas := all[:1+int(n)%3]
 
@@ -51,7 +51,12 @@ func FuzzWrite(f *testing.F) {
 		m := newModel(profile, now, quotas)
 		if profile&Draft11 != 0 {
 			checkList(t, h, "Ratelimit-Policy", m.names, func(q Quota) []sfParam {
-				return []sfParam{{"q", clampInt(q.Limit)}, {"w", max(Seconds(q.Window), 1)}}
+				rate := q.Rate
+				if rate == 0 {
+					rate = q.Limit
+				}
+				pq, pw := PolicyQuota(rate, q.Window)
+				return []sfParam{{"q", pq}, {"w", pw}}
 			}, m.last)
 			checkList(t, h, "Ratelimit", m.names, func(q Quota) []sfParam {
 				return []sfParam{{"r", clampInt(q.Remaining)}, {"t", Seconds(q.Reset)}}
@@ -217,7 +222,7 @@ func checkTrio(t *testing.T, h http.Header, keys *trioKeys, written bool, want [
 // values and when it takes them from its table.
 func checkCache(t *testing.T, p Profile, now time.Time, quotas []Quota, want http.Header) {
 	t.Helper()
-	c := NewCache(p, quotas[0].Name, quotas[0].Limit, quotas[0].Window)
+	c := NewCache(p, quotas[0].Name, quotas[0].Limit, quotas[0].Rate, quotas[0].Window)
 	got := make(http.Header)
 	for _, q := range quotas {
 		c.Write(got, q, now)
@@ -256,7 +261,7 @@ func equalHeader(a, b http.Header) bool {
 func checkCacheDenied(t *testing.T, p Profile, now time.Time, quotas []Quota, d time.Duration) {
 	t.Helper()
 	for i, q := range quotas {
-		c := NewCache(p, q.Name, q.Limit, q.Window)
+		c := NewCache(p, q.Name, q.Limit, q.Rate, q.Window)
 		for _, others := range [][]Quota{nil, quotas[:i], quotas[i+1:]} {
 			for range 2 { // formatted, then from the table
 				want, got := make(http.Header), make(http.Header)

@@ -3,6 +3,7 @@ package headers
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -81,8 +82,9 @@ func (p Profile) String() string {
 // The zero Quota is an unnamed policy with nothing left and nothing to wait for.
 type Quota struct {
 	Name      string        // policy name; written as an RFC 9651 sf-string
-	Limit     int           // q: the bucket capacity (Burst)
-	Window    time.Duration // w: the limit's Period
+	Limit     int           // the bucket capacity (Burst): the single-value fields' limit
+	Rate      int           // tokens per Window: q/w of RateLimit-Policy (0: Limit)
+	Window    time.Duration // the limit's Period
 	Remaining int           // r: whole tokens left
 	Reset     time.Duration // t: time until the next token; 0 when the bucket is full
 }
@@ -267,6 +269,28 @@ func Seconds(d time.Duration) int64 {
 	return s
 }
 
+// PolicyQuota returns the q and w of RateLimit-Policy for rate tokens per
+// period: w is period in whole seconds, rounded up and at least 1 (the draft
+// wants a whole, non-zero window), and q the tokens of rate per period that
+// fall in w, rounded down, so that q/w never promises more than the rate:
+// 5 per 500ms is q=10;w=1, 3 per 1.5s q=4;w=2, 100 per minute q=100;w=60.
+func PolicyQuota(rate int, period time.Duration) (q, w int64) {
+	w = max(Seconds(period), 1)
+	if period <= 0 || period == time.Duration(w)*time.Second { // no period: rate per second
+		return clampInt(rate), w
+	}
+	if rate <= 0 {
+		return 0, w
+	}
+	// rate*w seconds/period, in 128 bits: rate and w*1e9 are each below 2^63.
+	hi, lo := bits.Mul64(uint64(rate), uint64(w)*uint64(time.Second))
+	if hi >= uint64(period) {
+		return sfIntegerMax, w
+	}
+	n, _ := bits.Div64(hi, lo, uint64(period))
+	return int64(min(n, sfIntegerMax)), w
+}
+
 // epochSeconds returns the Unix time, rounded up to a whole second, at
 // which a delay of d from now ends, within [0, sfIntegerMax].
 func epochSeconds(now time.Time, d time.Duration) int64 {
@@ -353,10 +377,15 @@ func joinLines(lines []string) string {
 func appendItem(b []byte, q *Quota, policy bool) []byte {
 	b = appendString(b, q.Name)
 	if policy {
+		rate := q.Rate
+		if rate == 0 {
+			rate = q.Limit
+		}
+		quota, window := PolicyQuota(rate, q.Window)
 		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, clampInt(q.Limit), 10)
+		b = strconv.AppendInt(b, quota, 10)
 		b = append(b, ";w="...)
-		return strconv.AppendInt(b, max(Seconds(q.Window), 1), 10)
+		return strconv.AppendInt(b, window, 10)
 	}
 	return appendRateLimitParams(b, clampInt(q.Remaining), Seconds(q.Reset))
 }

@@ -121,9 +121,9 @@ func TestWriteDraft11(t *testing.T) {
 			wantLimit:  `"z";r=5;t=0`,
 		},
 		{
-			name:       "1ns rounds up to 1",
+			name:       "1 per ns is 10^9 per second",
 			quotas:     []Quota{{Name: "r", Limit: 1, Window: 1, Reset: 1}},
-			wantPolicy: `"r";q=1;w=1`,
+			wantPolicy: `"r";q=1000000000;w=1`,
 			wantLimit:  `"r";r=0;t=1`,
 		},
 		{
@@ -133,15 +133,15 @@ func TestWriteDraft11(t *testing.T) {
 			wantLimit:  `"r";r=0;t=1`,
 		},
 		{
-			name:       "1s+1ns rounds up to 2",
+			name:       "1s+1ns rounds up to 2, the quota down",
 			quotas:     []Quota{{Name: "r", Limit: 1, Window: time.Second + 1, Reset: time.Second + 1}},
 			wantPolicy: `"r";q=1;w=2`,
 			wantLimit:  `"r";r=0;t=2`,
 		},
 		{
-			name:       "sub-second window is 1",
+			name:       "sub-second window is 1, its rate scaled",
 			quotas:     []Quota{{Name: "ms", Limit: 10, Window: 100 * time.Millisecond, Remaining: 9, Reset: 10 * time.Millisecond}},
-			wantPolicy: `"ms";q=10;w=1`,
+			wantPolicy: `"ms";q=100;w=1`,
 			wantLimit:  `"ms";r=9;t=1`,
 		},
 		{
@@ -594,5 +594,35 @@ func TestWriteRetryAfterUsesTheClock(t *testing.T) {
 	// Between 3599 and 3601 seconds, whatever the sub-second phase of the clock.
 	if got := h.Get("Retry-After"); got != "3600" && got != "3601" && got != "3599" {
 		t.Errorf("Retry-After: got %q, want about 3600", got)
+	}
+}
+
+// TestPolicyQuota checks that RateLimit-Policy states the limit's rate,
+// not its burst: q/w is Rate/Period, w whole seconds, q rounded down.
+func TestPolicyQuota(t *testing.T) {
+	for _, tc := range []struct {
+		rate   int
+		period time.Duration
+		q, w   int64
+	}{
+		{100, time.Minute, 100, 60}, // Limit{100/min, Burst 10}: not q=10
+		{2, time.Second, 2, 1},      // Limit{2/s, Burst 4}: not q=4
+		{5, 500 * time.Millisecond, 10, 1},
+		{3, 1500 * time.Millisecond, 4, 2},
+		{7, 300 * time.Millisecond, 23, 1}, // 23.3 per second, rounded down
+		{1, time.Hour, 1, 3600},
+		{0, time.Second, 0, 1},
+		{5, 0, 5, 1}, // no period: the documented fallback
+		{math.MaxInt, time.Nanosecond, sfIntegerMax, 1},
+	} {
+		q, w := PolicyQuota(tc.rate, tc.period)
+		if q != tc.q || w != tc.w {
+			t.Errorf("PolicyQuota(%d, %v) = q=%d;w=%d, want q=%d;w=%d", tc.rate, tc.period, q, w, tc.q, tc.w)
+		}
+	}
+	h := http.Header{}
+	Write(h, Draft11, Quota{Name: "api", Limit: 10, Rate: 100, Window: time.Minute, Remaining: 10}, time.Now())
+	if got := h.Get("RateLimit-Policy"); got != `"api";q=100;w=60` {
+		t.Errorf("RateLimit-Policy of 100/min, burst 10: %q, want \"api\";q=100;w=60", got)
 	}
 }

@@ -238,7 +238,7 @@ func TestFailLocalHoldsShare(t *testing.T) {
 		if allowed != 10 || denied != 40 {
 			t.Errorf("instance %d: allowed %d, denied %d; want 10 (40/4) and 40", instance, allowed, denied)
 		}
-		if got := last.Header().Get("RateLimit-Policy"); got != `"api";q=10;w=240` {
+		if got := last.Header().Get("RateLimit-Policy"); got != `"api";q=40;w=240` {
 			t.Errorf("RateLimit-Policy during FailLocal %q; want the local share", got)
 		}
 		if got := last.Header().Get("Retry-After"); got != "6" {

@@ -112,7 +112,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 		}
 	}
 	if l.cfg.profile != 0 && !l.cfg.dryRun {
-		l.hdr = headers.NewCache(l.cfg.profile, l.cfg.name, limit.Burst, limit.Period)
+		l.hdr = headers.NewCache(l.cfg.profile, l.cfg.name, limit.Burst, limit.Rate, limit.Period)
 	}
 	if l.cfg.problemDetails {
 		l.problem = l.problemDocument()
@@ -511,6 +511,7 @@ func (l *Limiter) quota(res store.Result) headers.Quota {
 	return headers.Quota{
 		Name:      l.cfg.name,
 		Limit:     res.Limit.Burst, // the local share under FailLocal
+		Rate:      res.Limit.Rate,
 		Window:    res.Limit.Period,
 		Remaining: res.Remaining,
 		Reset:     NextToken(res),

@@ -73,7 +73,7 @@ func burstThenRecover(t *testing.T, s store.Store) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: status %d, want 200", i+1, resp.StatusCode)
 		}
-		wantHeader(t, resp, "RateLimit-Policy", `"api";q=3;w=2`)
+		wantHeader(t, resp, "RateLimit-Policy", `"api";q=1;w=2`) // the rate; the burst is RateLimit-Limit
 		wantHeader(t, resp, "RateLimit-Limit", "3")
 		wantHeader(t, resp, "RateLimit-Remaining", wantRemaining)
 		wantHeader(t, resp, "RateLimit", `"api";r=`+wantRemaining+`;t=2`)
@@ -86,7 +86,7 @@ func burstThenRecover(t *testing.T, s store.Store) {
 	}
 	wantHeader(t, resp, "Retry-After", "2")
 	wantHeader(t, resp, "RateLimit", `"api";r=0;t=2`)
-	wantHeader(t, resp, "RateLimit-Policy", `"api";q=3;w=2`)
+	wantHeader(t, resp, "RateLimit-Policy", `"api";q=1;w=2`) // the rate; the burst is RateLimit-Limit
 	wantHeader(t, resp, "RateLimit-Remaining", "0")
 	wantHeader(t, resp, "Cache-Control", "no-store")
 
@@ -676,3 +676,36 @@ func TestNewRefusesRedisWithoutContextTimeout(t *testing.T) {
 
 // wrappedClient is a redis.UniversalClient of a type the store does not know.
 type wrappedClient struct{ *redis.Client }
+
+// TestPolicyStatesTheRate checks RateLimit-Policy against the limit on both
+// paths: q/w is Rate/Period, and the burst is what RateLimit-Limit and a
+// full bucket's r report.
+func TestPolicyStatesTheRate(t *testing.T) {
+	lim := store.Limit{Rate: 100, Period: time.Minute, Burst: 10}
+	mem := store.NewMemory()
+	defer mem.Close()
+	one := mustNew(t, mem, lim, middleware.WithName("one"))
+	multi, err := middleware.NewMulti(mem, []middleware.Policy{
+		{Name: "fast", Limit: store.Limit{Rate: 5, Period: 500 * time.Millisecond, Burst: 5}},
+		{Name: "slow", Limit: lim},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		h           http.Handler
+		policy, lim string
+	}{
+		{one.Handler(okHandler), `"one";q=100;w=60`, "10"},
+		{multi.Handler(okHandler), `"fast";q=10;w=1, "slow";q=100;w=60`, "5"},
+	} {
+		w := httptest.NewRecorder()
+		tc.h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if got := w.Header().Get("RateLimit-Policy"); got != tc.policy {
+			t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
+		}
+		if got := w.Header().Get("RateLimit-Limit"); got != tc.lim {
+			t.Errorf("RateLimit-Limit %q, want %q (the burst)", got, tc.lim)
+		}
+	}
+}

@@ -336,7 +336,7 @@ func (m *Multi) respond(w http.ResponseWriter, r *http.Request, next http.Handle
 	violated := -1
 	for i := range p.policies {
 		pol := &p.policies[i]
-		q := headers.Quota{Name: pol.name, Limit: res[i].Limit.Burst, Window: res[i].Limit.Period,
+		q := headers.Quota{Name: pol.name, Limit: res[i].Limit.Burst, Rate: res[i].Limit.Rate, Window: res[i].Limit.Period,
 			Remaining: res[i].Remaining, Reset: NextToken(res[i])}
 		if writeHeaders {
 			headers.Write(h, c.profile, q, now)
