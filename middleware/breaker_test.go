@@ -94,7 +94,7 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	}
 	logMu.Lock()
 	if n := strings.Count(logged.String(), "tollgate: circuit breaker"); n != 5 ||
-		!strings.Contains(logged.String(), "level=WARN msg=\"tollgate: circuit breaker open\" limiter=1000-per-1s from=closed to=open") {
+		!strings.Contains(logged.String(), "level=WARN msg=\"tollgate: circuit breaker open\" limiter="+l.Name()+" from=closed to=open") {
 		t.Errorf("slog got %d transitions:\n%s", n, logged.String())
 	}
 	logMu.Unlock()

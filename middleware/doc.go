@@ -36,8 +36,9 @@
 //
 // # Names and keys
 //
-// Each limiter has a name ([WithName], default derived from its limit, such
-// as "100-per-1m"). The store key of a request is "<name>:<subject>" (on
+// Each limiter has a name ([WithName]; by default its limit and where it was
+// made, such as "100-per-1m@9c1d02e7", so that no two limiters of a process
+// share buckets unless named alike). The store key of a request is "<name>:<subject>" (on
 // Redis, "tollgate:<name>:<subject>"), so two limiters that key by the same
 // address never share a bucket. A subject that holds a brace, as a route
 // pattern does, gives "{<name>:<subject>}": the braces make the whole key a

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/bits"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +34,7 @@ type Limiter struct {
 	store    store.Store
 	limit    store.Limit
 	prefix   string // name + ":"; see appendKey
+	site     string // where New was called; see defaultName
 	bound    bool   // apply cfg.timeout to store calls
 	inMemory bool   // the store is a *store.Memory; see keyString
 	peerIP   bool   // the KeyFunc is keyfuncs.PeerIP; see appendKey
@@ -94,8 +97,9 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 			return nil, fmt.Errorf("middleware: %w", err)
 		}
 	}
+	l.site = site()
 	if l.cfg.name == "" {
-		l.cfg.name = DefaultName(limit)
+		l.cfg.name = DefaultName(limit) + "@" + l.site
 	}
 	l.prefix = l.cfg.name + ":"
 	_, l.inMemory = s.(*store.Memory) // decides in memory: nothing to wait for
@@ -173,15 +177,52 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 	}
 }
 
-// DefaultName is the name a limiter takes from its limit unless [WithName]
-// says otherwise: "<rate>-per-<period>", plus "-burst-<burst>" when the
-// burst differs from the rate, such as "100-per-1m" or "5-per-1s-burst-10".
+// DefaultName is what a limiter's default name starts with: "<rate>-per-<period>",
+// plus "-burst-<burst>" when the burst differs from the rate, such as
+// "100-per-1m" or "5-per-1s-burst-10". Unless [WithName] says otherwise, the
+// name is DefaultName, "@" and 8 hex digits naming where the limiter was made
+// (see [WithName]), such as "100-per-1m@9c1d02e7".
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
 	if limit.Burst != limit.Rate {
 		name += "-burst-" + strconv.Itoa(limit.Burst)
 	}
 	return name
+}
+
+// sites counts the limiters made at each place in the code, so that two
+// made at one place (a loop, a helper) get different default names too.
+var sites = struct {
+	sync.Mutex
+	made map[string]int
+}{made: map[string]int{}}
+
+// site names the caller of New outside this package, and how many limiters
+// it made before, in 8 hex digits of their FNV-1a hash: the same in every
+// replica of a program that makes its limiters in the same order, and never
+// the same for two limiters of one process (but by a 2^-32 chance).
+func site() string {
+	var pcs [32]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
+	self, _ := frames.Next() // this function: its package's prefix
+	pkg := strings.TrimSuffix(self.Function, "site")
+	at := self.Function
+	for f, more := frames.Next(); ; f, more = frames.Next() {
+		if !strings.HasPrefix(f.Function, pkg) {
+			at = f.Function + ":" + strconv.Itoa(f.Line)
+			break
+		}
+		if !more {
+			break
+		}
+	}
+	sites.Lock()
+	n := sites.made[at]
+	sites.made[at] = n + 1
+	sites.Unlock()
+	h := fnv.New32a()
+	h.Write([]byte(at + "#" + strconv.Itoa(n)))
+	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 // shortDuration formats d without zero units: 1m rather than 1m0s.

@@ -275,7 +275,7 @@ func TestDryRunNeverRefuses(t *testing.T) {
 	var denied, allowed atomic.Int64
 	l := mustNew(t, m, store.PerMinute(3), middleware.WithDryRun(true),
 		middleware.WithOnDenied(func(_ *http.Request, d middleware.Decision) {
-			if !d.DryRun || d.Result.Allowed || d.Limiter != "3-per-1m" {
+			if !d.DryRun || d.Result.Allowed || !strings.HasPrefix(d.Limiter, "3-per-1m@") {
 				t.Errorf("denied decision %+v", d)
 			}
 			denied.Add(1)
@@ -707,5 +707,52 @@ func TestPolicyStatesTheRate(t *testing.T) {
 		if got := w.Header().Get("RateLimit-Limit"); got != tc.lim {
 			t.Errorf("RateLimit-Limit %q, want %q (the burst)", got, tc.lim)
 		}
+	}
+}
+
+// TestDefaultNamesNeverShare: two limiters of one limit, made in two places
+// or in a loop, count separately by default; WithName is how limiters (the
+// replicas of one, or route groups meant to share a budget) share buckets.
+func TestDefaultNamesNeverShare(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	lim := store.PerMinute(2)
+	login := mustNew(t, m, lim)
+	api := mustNew(t, m, lim)
+	var loop []*middleware.Limiter
+	for range 2 {
+		l, err := middleware.New(m, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loop = append(loop, l)
+	}
+	names := map[string]bool{}
+	for _, l := range append([]*middleware.Limiter{login, api}, loop...) {
+		if !strings.HasPrefix(l.Name(), "2-per-1m@") || names[l.Name()] {
+			t.Errorf("default name %q: want 2-per-1m@<site>, unique", l.Name())
+		}
+		names[l.Name()] = true
+	}
+	serve := func(l *middleware.Limiter) int {
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		return w.Code
+	}
+	for i := range 2 {
+		if c := serve(login); c != 200 {
+			t.Fatalf("login request %d: %d", i, c)
+		}
+	}
+	if c := serve(login); c != 429 {
+		t.Errorf("third login request: %d, want 429", c)
+	}
+	if c := serve(api); c != 200 {
+		t.Errorf("api after login's burst: %d, want 200 (its own buckets)", c)
+	}
+	// Named alike, two limiters (as two replicas would) share one budget.
+	a, b := mustNew(t, m, lim, middleware.WithName("shared")), mustNew(t, m, lim, middleware.WithName("shared"))
+	if serve(a) != 200 || serve(b) != 200 || serve(a) != 429 {
+		t.Errorf("limiters named alike do not share their buckets")
 	}
 }

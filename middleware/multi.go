@@ -152,7 +152,7 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	}
 	name := p.Name
 	if name == "" {
-		name = DefaultName(p.Limit)
+		name = DefaultName(p.Limit) + "@" + m.base.site
 	}
 	if err := WithName(name)(&config{}); err != nil {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy: %w", tier, err)

@@ -96,17 +96,24 @@ type config struct {
 
 // WithName sets the limiter's name, which namespaces its buckets in the
 // store (the store key is "<name>:<subject>"; see the package doc) and
-// names its policy in the
-// RateLimit headers. The default is derived from the limit, such as
-// "100-per-1m" or "100-per-1m-burst-10". Limiters with the same name on
-// one store share their buckets — which is how one budget spans several
-// route groups, and also what happens to two limiters with the same limit
-// and the default name: give limiters that must count separately (a strict
-// /login and a loose /api of the same limit) their own names. Two limiters
-// with the same name on one route would also report one header item.
+// names its policy in the RateLimit headers. Limiters with the same name on
+// one store share their buckets: that is how the replicas of a limiter (the
+// same program on several servers) share one limit, and how one budget
+// spans several route groups. Name every limiter whose buckets are shared.
+//
+// The default is [DefaultName] of the limit, "@" and 8 hex digits naming the
+// place in the code that called [New] and how many limiters it made before,
+// such as "100-per-1m@9c1d02e7": two limiters of one process never share
+// buckets by default (a strict /login and a loose /api of the same limit),
+// and the replicas of a program share theirs as long as they make their
+// limiters in the same order from the same code. A deploy that moves the
+// call, or a limiter made again (a configuration reload), starts new
+// buckets; WithName keeps them.
+//
 // The name must be non-empty printable ASCII without '{', '}' or ':',
 // which would let its keys collide with another limiter's or pin them to
-// one Redis Cluster slot.
+// one Redis Cluster slot. Two limiters with the same name on one route
+// report one header item.
 func WithName(name string) Option {
 	return func(c *config) error {
 		if name == "" {

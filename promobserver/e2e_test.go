@@ -77,10 +77,11 @@ func TestEndToEnd(t *testing.T) {
 	_, text := get(t, srv.Client(), srv.URL+"/metrics")
 	got := parseSamples(t, text)
 	allowed, denied := float64(codes[http.StatusNoContent]), float64(codes[http.StatusTooManyRequests])
+	n := lim.Name() // the default: 2-per-1s@<where New was called>
 	for name, want := range map[string]float64{
-		`tollgate_requests_total{key_class="ip",limiter="2-per-1s",outcome="allowed"}`: allowed,
-		`tollgate_requests_total{key_class="ip",limiter="2-per-1s",outcome="denied"}`:  denied,
-		`tollgate_tokens_total{key_class="ip",limiter="2-per-1s"}`:                     allowed,
+		`tollgate_requests_total{key_class="ip",limiter="` + n + `",outcome="allowed"}`: allowed,
+		`tollgate_requests_total{key_class="ip",limiter="` + n + `",outcome="denied"}`:  denied,
+		`tollgate_tokens_total{key_class="ip",limiter="` + n + `"}`:                     allowed,
 	} {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
