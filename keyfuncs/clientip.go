@@ -296,6 +296,10 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 		return ipConfig{}, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
 	case c.res.source == sourceHops && c.res.hops > c.res.max:
 		return ipConfig{}, invalid("%s is more than MaxForwarded %d", c.sourceName, c.res.max)
+	case c.res.source != sourcePeer && len(c.res.trusted) == 0:
+		// It would never read its header: behind a load balancer, one bucket for all.
+		return ipConfig{}, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
+			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.sourceName)
 	}
 	return c, nil
 }
@@ -320,10 +324,10 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 //
 // Without a source the client is the peer, as with PeerIP (with the
 // prefix lengths of the options). Trust is opt-in: a source without
-// TrustProxies trusts nobody and never reads its header — behind a load
-// balancer that puts every client in the balancer's bucket, so name the
-// balancer's networks. Two sources, a malformed network, MaxForwarded
-// without a list source, and options out of range are errors wrapping
+// TrustProxies would never read its header — behind a load balancer every
+// client in the balancer's bucket — so it is an error that says to name the
+// balancer's networks. So are two sources, a malformed network, MaxForwarded
+// without a list source, and options out of range: errors wrapping
 // [ErrInvalidConfig] that name the option.
 //
 // Addresses in headers are read in the forms of RemoteAddr: "192.0.2.1",

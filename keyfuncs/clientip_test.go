@@ -318,6 +318,11 @@ func TestClientIPInvalidConfig(t *testing.T) {
 		{"IPv4Prefix 0", []keyfuncs.IPOption{keyfuncs.IPv4Prefix(0)}, "IPv4Prefix 0"},
 		{"IPv4Prefix 33", []keyfuncs.IPOption{keyfuncs.IPv4Prefix(33)}, "IPv4Prefix 33"},
 		{"zero option", []keyfuncs.IPOption{{}}, "zero IPOption"},
+		// A source without TrustProxies would never read its header.
+		{"XFF, trusting nobody", []keyfuncs.IPOption{xff}, "FromXForwardedFor reads a header only proxies may write, but no proxy is trusted: add TrustProxies"},
+		{"Forwarded, trusting nobody", []keyfuncs.IPOption{keyfuncs.FromForwarded()}, "FromForwarded reads"},
+		{"header, trusting nobody", []keyfuncs.IPOption{keyfuncs.FromHeader("X-Real-IP")}, `FromHeader("X-Real-IP") reads`},
+		{"hops, trusting nobody", []keyfuncs.IPOption{keyfuncs.TrustedHops(2)}, "TrustedHops(2) reads"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -351,7 +356,6 @@ func TestClientIPValidConfig(t *testing.T) {
 		"IPv4-mapped network /96":    {keyfuncs.TrustProxies("::ffff:0.0.0.0/96"), keyfuncs.FromXForwardedFor()},
 		"short IPv4-mapped network":  {keyfuncs.TrustProxies("::ffff:0:0/80"), keyfuncs.FromXForwardedFor()},
 		"header with hops and cap 1": {keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.TrustedHops(1), keyfuncs.MaxForwarded(1)},
-		"source, trusting nobody":    {keyfuncs.FromXForwardedFor()},
 		"TrustProxies, no source":    {keyfuncs.TrustProxies("10.0.0.0/8")},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -362,16 +366,13 @@ func TestClientIPValidConfig(t *testing.T) {
 	}
 
 	t.Run("trust is opt-in: no TrustProxies reads no header", func(t *testing.T) {
-		for _, src := range []keyfuncs.IPOption{keyfuncs.FromXForwardedFor(), keyfuncs.FromForwarded(),
-			keyfuncs.FromHeader("X-Real-IP"), keyfuncs.TrustedHops(1)} {
-			kf := mustClientIP(t, src)
-			for _, h := range []string{"X-Forwarded-For: 198.51.100.1", "Forwarded: for=198.51.100.1", "X-Real-IP: 198.51.100.1"} {
-				if got, err := kf(headerRequest("10.0.0.1:1", h)); err != nil || got != "ip:10.0.0.1" {
-					t.Errorf("%s: got %q, %v; want the peer ip:10.0.0.1", h, got, err)
-				}
+		kf := mustClientIP(t) // no source, no trust: the peer
+		for _, h := range []string{"X-Forwarded-For: 198.51.100.1", "Forwarded: for=198.51.100.1", "X-Real-IP: 198.51.100.1"} {
+			if got, err := kf(headerRequest("10.0.0.1:1", h)); err != nil || got != "ip:10.0.0.1" {
+				t.Errorf("%s: got %q, %v; want the peer ip:10.0.0.1", h, got, err)
 			}
 		}
-		kf := mustClientIP(t, keyfuncs.TrustProxies("10.0.0.0/8")) // no source: the peer
+		kf = mustClientIP(t, keyfuncs.TrustProxies("10.0.0.0/8")) // no source: the peer
 		if got, err := kf(headerRequest("10.0.0.1:1", "X-Forwarded-For: 198.51.100.1")); err != nil || got != "ip:10.0.0.1" {
 			t.Errorf("TrustProxies without a source: got %q, %v; want the peer ip:10.0.0.1", got, err)
 		}
