@@ -8,6 +8,3 @@ func SetDenyCacheClock(l *Limiter, now func() time.Duration) { l.deny.now = now 
 
 // DenyCacheLen returns the number of entries in l's deny cache.
 func DenyCacheLen(l *Limiter) int { return l.deny.len() }
-
-// UnsafeString is unsafeString, for TestMemoryKeepsNoKey.
-var UnsafeString = unsafeString

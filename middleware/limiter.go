@@ -8,14 +8,12 @@ import (
 	"log/slog"
 	"math/bits"
 	"net/http"
-	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tollgate-go/tollgate/headers"
 	"github.com/tollgate-go/tollgate/keyfuncs"
@@ -36,7 +34,7 @@ type Limiter struct {
 	prefix   string // name + ":"; see appendKey
 	site     string // where New was called; see defaultName
 	bound    bool   // apply cfg.timeout to store calls
-	inMemory bool   // the store is a *store.Memory; see keyString
+	mem      *store.Memory // the store, if a Memory: decided on the key's bytes
 	peerIP   bool   // the KeyFunc is keyfuncs.PeerIP; see appendKey
 	hooks    bool   // a hook needs the subject as a string
 	// addrKeyed: the KeyFunc keys by the client's address, which the
@@ -79,7 +77,6 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	}
 	l := &Limiter{store: s, limit: limit}
 	l.cfg = config{
-		keyFunc:         keyfuncs.PeerIP,
 		timeout:         DefaultTimeout,
 		policy:          FailOpen,
 		failStatus:      http.StatusServiceUnavailable,
@@ -102,11 +99,11 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 		l.cfg.name = DefaultName(limit) + "@" + l.site
 	}
 	l.prefix = l.cfg.name + ":"
-	_, l.inMemory = s.(*store.Memory) // decides in memory: nothing to wait for
-	l.bound = !l.inMemory
-	// A top-level function has one code pointer, which no other function
-	// shares: this is PeerIP itself, whichever way it was given.
-	l.peerIP = reflect.ValueOf(l.cfg.keyFunc).Pointer() == reflect.ValueOf(keyfuncs.PeerIP).Pointer()
+	l.mem, _ = s.(*store.Memory) // decides in memory: nothing to wait for
+	l.bound = l.mem == nil
+	if l.peerIP = l.cfg.keyFunc == nil; l.peerIP { // the default, PeerIP: see appendKey
+		l.cfg.keyFunc = keyfuncs.PeerIP
+	}
 	l.addrKeyed = keyfuncs.KeysByAddress(l.cfg.keyFunc)
 	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil ||
 		(l.cfg.allowNets != nil && l.addrKeyed)
@@ -261,7 +258,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 }
 
 // keyBuf holds the store key of a request while it is decided. The buffers
-// are pooled so that building a key allocates nothing; see keyString.
+// are pooled so that building a key allocates nothing; see take.
 type keyBuf struct{ b []byte }
 
 var keyBufs = sync.Pool{New: func() any { return &keyBuf{b: make([]byte, 0, 128)} }}
@@ -339,7 +336,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			l.refuseFailed(w)
 			return
 		case c.policy == FailLocal:
-			res, err = l.local.Take(r.Context(), unsafeString(key), l.localLimit, cost)
+			res, err = l.local.TakeBytes(r.Context(), key, l.localLimit, cost)
 			d.local, d.refundKey = true, "" // nothing to give back to the store
 		}
 		if err != nil { // FailOpen, or a cost the local share cannot hold
@@ -430,8 +427,9 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 // Redis Cluster hash tag: the subject's own braces would otherwise become
 // the tag and pin every such key of every limiter to one slot, one node.
 //
-// subject is the KeyFunc's result, or "" for PeerIP, whose key (an address,
-// never a brace) is appended without being allocated first.
+// subject is the KeyFunc's result, or "" for the default key function,
+// PeerIP, whose key (an address, never a brace) is appended without being
+// allocated first.
 func (l *Limiter) appendKey(b []byte, r *http.Request) (key []byte, subject string, err error) {
 	if l.peerIP {
 		b = append(b, l.prefix...)
@@ -457,7 +455,7 @@ func (l *Limiter) appendKey(b []byte, r *http.Request) (key []byte, subject stri
 // the deny cache then records.
 func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (_ store.Result, local bool, _ error) {
 	if l.deny == nil || cost == 0 { // a read takes nothing: never refused locally
-		res, err := l.decide(ctx, l.keyString(key), cost)
+		res, err := l.decide(ctx, key, cost)
 		return res, false, err
 	}
 	verdict, res, gen := l.deny.check(key, l.limit, cost)
@@ -465,7 +463,7 @@ func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (_ store.
 		l.denyHits.Add(1)
 		return res, true, nil
 	}
-	res, err := l.decide(ctx, l.keyString(key), cost)
+	res, err := l.decide(ctx, key, cost)
 	switch {
 	case err == nil && !res.Allowed:
 		l.deny.denied(key, l.limit, cost, res)
@@ -487,29 +485,8 @@ func (l *Limiter) decideKey(ctx context.Context, key []byte, cost int) (_ store.
 	return res, false, err
 }
 
-// keyString returns the store key held in b as a string for one Take.
-//
-// For the Memory store it is b's bytes themselves, not a copy, so that a
-// decision allocates nothing: Memory.Take keeps no reference to its key
-// argument (it clones a key it stores), and b is not changed until the
-// Take has returned. TestMemoryKeepsNoKey checks that the Memory store
-// still behaves so. Other stores, which may keep the key (the Redis store
-// hands it to a client that can outlive the call), get a copy.
-func (l *Limiter) keyString(b []byte) string {
-	if l.inMemory {
-		return unsafeString(b)
-	}
-	return string(b)
-}
-
-// unsafeString returns b's bytes as a string without copying them, for a
-// call to a Memory store's Take; see keyString.
-func unsafeString(b []byte) string {
-	return unsafe.String(unsafe.SliceData(b), len(b))
-}
-
 // decide asks the store through the circuit breaker.
-func (l *Limiter) decide(ctx context.Context, key string, cost int) (store.Result, error) {
+func (l *Limiter) decide(ctx context.Context, key []byte, cost int) (store.Result, error) {
 	if l.brk == nil {
 		return l.take(ctx, key, cost)
 	}
@@ -537,14 +514,17 @@ func gone(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
-// take asks the store, within the timeout budget unless the store is local.
-func (l *Limiter) take(ctx context.Context, key string, cost int) (store.Result, error) {
-	if !l.bound {
-		return l.store.Take(ctx, key, l.limit, cost)
+// take asks the store, within the timeout budget unless the store is local,
+// for the key held in key: a Memory store reads its bytes, which the caller
+// reuses after, and another store gets a copy (Redis hands its key to a
+// client that can outlive the call).
+func (l *Limiter) take(ctx context.Context, key []byte, cost int) (store.Result, error) {
+	if l.mem != nil {
+		return l.mem.TakeBytes(ctx, key, l.limit, cost)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
 	defer cancel()
-	return l.store.Take(ctx, key, l.limit, cost)
+	return l.store.Take(ctx, string(key), l.limit, cost)
 }
 
 // quota turns a store result into what the headers report.

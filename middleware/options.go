@@ -134,7 +134,7 @@ func WithName(name string) Option {
 
 // WithKeyFunc sets how a request's subject is found. The default is
 // [keyfuncs.PeerIP]: the TCP peer's address, port stripped, IPv6 grouped by
-// /64. Behind a proxy, use a resolver that trusts it, or an API-key or user
+// /64 (built in place, with no allocation for the subject). Behind a proxy, use a resolver that trusts it, or an API-key or user
 // key. A KeyFunc error never falls back to a shared bucket: the request is
 // refused (see [WithKeyErrorHandler]).
 func WithKeyFunc(fn keyfuncs.KeyFunc) Option {

@@ -155,6 +155,19 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res
 	return res, err
 }
 
+// TakeBytes is Take for a key held in bytes, which it neither keeps nor
+// changes (the store keeps only hashes of its keys), so that a caller that
+// builds keys in a buffer, as the middleware does, decides without
+// allocating. A key in bytes and the same key as a string name one bucket.
+func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (res Result, err error) {
+	p, k, err := m.limits.units("", limit, cost, false)
+	if err != nil {
+		return m.Take(ctx, string(key), limit, cost) // the error, naming the key
+	}
+	m.decide(&res, id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, p, k)
+	return res, nil
+}
+
 // Refund implements [Refunder].
 func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
 	p, k, err := m.limits.units(key, limit, tokens, true)

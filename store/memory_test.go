@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strconv"
 	"strings"
@@ -31,6 +32,30 @@ func TestMemoryNoAllocsOnKnownKey(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("Take on a known key of %d bytes: %v allocs, want 0", len(key), allocs)
 		}
+		buf := []byte(key)
+		if allocs := testing.AllocsPerRun(1000, func() { m.TakeBytes(ctx, buf, lim, 1) }); allocs != 0 {
+			t.Errorf("TakeBytes on a known key of %d bytes: %v allocs, want 0", len(key), allocs)
+		}
+	}
+}
+
+// TestMemoryTakeBytes: a key in bytes and as a string name one bucket.
+func TestMemoryTakeBytes(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	ctx := context.Background()
+	lim := store.PerMinute(10)
+	for _, key := range []string{"a", "#a", strings.Repeat("k", 300)} {
+		m.Take(ctx, key, lim, 3)
+		if res, err := m.TakeBytes(ctx, []byte(key), lim, 2); err != nil || res.Remaining != 5 {
+			t.Errorf("TakeBytes %.10q after Take: %+v, %v; want 5 left", key, res, err)
+		}
+		if res, _ := m.Take(ctx, key, lim, 0); res.Remaining != 5 {
+			t.Errorf("Take %.10q after TakeBytes: %d left, want 5", key, res.Remaining)
+		}
+	}
+	if _, err := m.TakeBytes(ctx, []byte("x"), lim, 11); !errors.Is(err, store.ErrInvalidCost) || !strings.Contains(err.Error(), `"x"`) {
+		t.Errorf("TakeBytes cost 11 on burst 10: %v, want ErrInvalidCost naming the key", err)
 	}
 }
 
