@@ -28,15 +28,15 @@ var ErrCostOutOfRange = errors.New("middleware: cost out of range")
 // Limiter is rate-limiting middleware for one limit. It is safe for
 // concurrent use; build it with [New].
 type Limiter struct {
-	cfg      config
-	store    store.Store
-	limit    store.Limit
-	prefix   string // name + ":"; see appendKey
-	site     string // where New was called; see defaultName
-	bound    bool   // apply cfg.timeout to store calls
-	mem      *store.Memory // the store, if a Memory: decided on the key's bytes
-	peerIP   bool   // the KeyFunc is keyfuncs.PeerIP; see appendKey
-	hooks    bool   // a hook needs the subject as a string
+	cfg    config
+	store  store.Store
+	limit  store.Limit
+	prefix string        // name + ":"; see appendKey
+	site   string        // where New was called; see defaultName
+	bound  bool          // apply cfg.timeout to store calls
+	mem    *store.Memory // the store, if a Memory: decided on the key's bytes
+	peerIP bool          // the KeyFunc is keyfuncs.PeerIP; see appendKey
+	hooks  bool          // a hook needs the subject as a string
 	// addrKeyed: the KeyFunc keys by the client's address, which the
 	// allow-list then reads from the subject (see allowedBySubject).
 	addrKeyed bool
