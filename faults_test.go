@@ -117,7 +117,7 @@ func TestFaultKillRestart(t *testing.T) {
 	h := faultLimiter(t, store.NewRedis(rdb, store.WithKeyPrefix("faults:kill:")), store.PerMinute(5),
 		middleware.WithName("kill"), middleware.WithTimeout(budget),
 		middleware.WithFailurePolicy(middleware.FailOpen),
-		middleware.WithKeyFunc(keyfuncs.Header("X-Subject")))
+		middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Subject"))))
 
 	if r := faultServe(h, "warmup"); r.code != 200 || r.rateLimit == "" {
 		t.Fatalf("healthy: %d RateLimit %q", r.code, r.rateLimit)
@@ -188,7 +188,7 @@ func TestFaultFailClosed(t *testing.T) {
 	h := faultLimiter(t, store.NewRedis(rdb, store.WithKeyPrefix("faults:closed:")), store.PerMinute(5),
 		middleware.WithName("closed"), middleware.WithTimeout(budget),
 		middleware.WithFailurePolicy(middleware.FailClosed),
-		middleware.WithKeyFunc(keyfuncs.Header("X-Subject")))
+		middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Subject"))))
 
 	if r := faultServe(h, "warmup"); r.code != 200 || r.rateLimit == "" {
 		t.Fatalf("healthy: %d RateLimit %q", r.code, r.rateLimit)
@@ -405,7 +405,7 @@ func TestFaultSentinelFailover(t *testing.T) {
 	h := faultLimiter(t, store.NewRedis(rdb, store.WithKeyPrefix("faults:sentinel:")), store.PerSecond(1000),
 		middleware.WithName("sentinel"), middleware.WithTimeout(budget),
 		middleware.WithFailurePolicy(middleware.FailOpen),
-		middleware.WithKeyFunc(keyfuncs.Static("everyone")))
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))))
 
 	if r := faultServe(h, ""); r.code != 200 || r.rateLimit == "" {
 		t.Fatalf("healthy: %d RateLimit %q", r.code, r.rateLimit)

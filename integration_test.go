@@ -259,7 +259,7 @@ func TestAccuracyDenyCacheAndBatching(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		c.AddHook(scriptCounter{&calls})
 		l, err := middleware.New(store.NewRedis(c, store.WithKeyPrefix(prefix)), lim,
-			middleware.WithName("acc"), middleware.WithKeyFunc(keyfuncs.Static("one-client")),
+			middleware.WithName("acc"), middleware.WithKeyFunc(mustKey(keyfuncs.Static("one-client"))),
 			middleware.WithDenyCache(1000), middleware.WithTimeout(time.Second), middleware.WithLogger(nil))
 		if err != nil {
 			t.Fatal(err)
@@ -333,4 +333,13 @@ func (h scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// mustKey returns kf, failing the process on err: for KeyFuncs built from
+// arguments known to be good.
+func mustKey(kf keyfuncs.KeyFunc, err error) keyfuncs.KeyFunc {
+	if err != nil {
+		panic(err)
+	}
+	return kf
 }

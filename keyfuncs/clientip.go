@@ -340,9 +340,8 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 // If [ClientIPMiddleware], built with the same TrustProxies, source and
 // MaxForwarded, has already resolved the request, the KeyFunc uses the
 // address it stored rather than resolving again. The KeyFunc is safe for
-// concurrent use.
-//
-//go:noinline
+// concurrent use. It records the address it resolves in the request's
+// address slot, if any ([WithAddressSlot]).
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {
@@ -351,12 +350,14 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	res, k := &c.res, c.keyer
 	return func(r *http.Request) (string, error) {
 		if v, ok := r.Context().Value(clientAddrKey{}).(*clientAddrValue); ok && v.res.sameAs(res) {
+			record(r, v.addr)
 			return k.key(v.addr), nil
 		}
 		addr, ok := res.resolve(r)
 		if !ok {
 			return "", badRemoteAddr(r.RemoteAddr)
 		}
+		record(r, addr)
 		return k.key(addr), nil
 	}, nil
 }
@@ -423,9 +424,9 @@ func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 // wrapping [ErrInvalidConfig], because the trust decision is fn's. fn
 // returning "" or a string that is not an address is an error wrapping
 // [ErrNoKey], never a shared key. A nil fn is an error wrapping
-// ErrInvalidConfig. The KeyFunc is as safe for concurrent use as fn.
-//
-//go:noinline
+// ErrInvalidConfig. The KeyFunc is as safe for concurrent use as fn; it
+// records the address in the request's address slot, if any
+// ([WithAddressSlot]).
 func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("ClientIPFromContext function is nil")
@@ -450,6 +451,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 			}
 			return "", fmt.Errorf("keyfuncs: %w: client IP %q from the context is not an IP address", ErrNoKey, s)
 		}
+		record(r, addr)
 		return k.key(addr), nil
 	}, nil
 }

@@ -54,14 +54,17 @@ func ExamplePeerIPPrefix() {
 }
 
 func ExampleHeader() {
-	kf := keyfuncs.Header("X-Api-Key")
+	kf, err := keyfuncs.Header("X-Api-Key")
+	if err != nil {
+		panic(err) // a header name that is not a token
+	}
 
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "sk_live_123")
 	key, _ := kf(r)
 	fmt.Println(key) // the secret is hashed
 
-	_, err := kf(httptest.NewRequest("GET", "/", nil))
+	_, err = kf(httptest.NewRequest("GET", "/", nil))
 	fmt.Println(err)
 	// Output:
 	// key:Ruj6_9MOleqs5na2g9V4xh
@@ -76,13 +79,16 @@ func ExampleUser() {
 		id, _ := ctx.Value(ctxUserKey{}).(string)
 		return id
 	}
-	kf := keyfuncs.User(userID)
+	kf, err := keyfuncs.User(userID)
+	if err != nil {
+		panic(err) // a nil function
+	}
 
 	r := httptest.NewRequest("GET", "/", nil)
 	key, _ := kf(r.WithContext(context.WithValue(r.Context(), ctxUserKey{}, "42")))
 	fmt.Println(key)
 
-	_, err := kf(r)
+	_, err = kf(r)
 	fmt.Println(err)
 	// Output:
 	// user:42
@@ -118,8 +124,15 @@ func ExampleJoin() {
 		id, _ := ctx.Value(ctxUserKey{}).(string)
 		return id
 	}
+	user, err := keyfuncs.User(userID)
+	if err != nil {
+		panic(err)
+	}
 	// Per user per route.
-	kf := keyfuncs.Join(keyfuncs.User(userID), keyfuncs.Pattern)
+	kf, err := keyfuncs.Join(user, keyfuncs.Pattern)
+	if err != nil {
+		panic(err) // no parts, or a nil one
+	}
 
 	r := httptest.NewRequest("POST", "/orders", nil)
 	r = r.WithContext(context.WithValue(r.Context(), ctxUserKey{}, "42"))
@@ -128,7 +141,7 @@ func ExampleJoin() {
 	fmt.Println(key)
 
 	r.Pattern = ""
-	_, err := kf(r)
+	_, err = kf(r)
 	fmt.Println(err)
 	// Output:
 	// user:42|route:POST /orders

@@ -15,11 +15,10 @@ import (
 // has several field lines, the first one is used; values are not split at
 // commas. A missing header, or an empty first value, is an error wrapping
 // [ErrNoKey], never a shared bucket. A name that is not a valid header field
-// name gives a KeyFunc that fails every request with an error wrapping
-// [ErrInvalidConfig].
-func Header(name string) KeyFunc {
+// name is an error wrapping [ErrInvalidConfig].
+func Header(name string) (KeyFunc, error) {
 	if !validHeaderName(name) {
-		return failing(invalid("Header name %q is not a valid header field name", name))
+		return nil, invalid("Header name %q is not a valid header field name", name)
 	}
 	canon := http.CanonicalHeaderKey(name)
 	// Built once: a flood of requests without the header costs no allocation.
@@ -31,7 +30,7 @@ func Header(name string) KeyFunc {
 		}
 		var buf [4 + hashLen]byte
 		return string(appendHash(append(buf[:0], "key:"...), v[0])), nil
-	}
+	}, nil
 }
 
 // validHeaderName reports whether s is an RFC 9110 token.
@@ -67,11 +66,10 @@ func isSeparator(c byte) bool {
 // of the id. Keys are at most 69 bytes.
 //
 // fn returning "" (no authenticated user) is an error wrapping [ErrNoKey].
-// A nil fn gives a KeyFunc that fails every request with an error wrapping
-// [ErrInvalidConfig].
-func User(fn func(ctx context.Context) string) KeyFunc {
+// A nil fn is an error wrapping [ErrInvalidConfig].
+func User(fn func(ctx context.Context) string) (KeyFunc, error) {
 	if fn == nil {
-		return failing(invalid("User function is nil"))
+		return nil, invalid("User function is nil")
 	}
 	return func(r *http.Request) (string, error) {
 		id := fn(r.Context())
@@ -79,7 +77,7 @@ func User(fn func(ctx context.Context) string) KeyFunc {
 			return "", errNoUser
 		}
 		return subjectKey("user:", id), nil
-	}
+	}, nil
 }
 
 var errNoUser = fmt.Errorf("keyfuncs: %w: no authenticated user in the request context", ErrNoKey)

@@ -7,9 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
+	"net/netip"
 	"slices"
-	"sync"
 )
 
 // KeyFunc extracts the rate-limit subject of a request: the name of the
@@ -26,12 +25,9 @@ type KeyFunc func(r *http.Request) (string, error)
 // middleware refuses it.
 var ErrNoKey = errors.New("no key")
 
-// ErrInvalidConfig is wrapped by the error of a KeyFunc built from unusable
+// ErrInvalidConfig is wrapped by the error of a constructor given unusable
 // arguments: a bad prefix length, header name, trusted network, or nil
-// function, or options that contradict each other. Constructors that return
-// an error return it at once; those that return only a KeyFunc (such as
-// [Header] and [Join]) return one that fails every request with it, which
-// [ConfigError] reports (and middleware.New refuses) before any request.
+// function, or options that contradict each other.
 var ErrInvalidConfig = errors.New("invalid configuration")
 
 // maxPartLen is the longest user id or route pattern kept as it is in a key;
@@ -78,67 +74,25 @@ func plain(s string) bool {
 	return true
 }
 
-// failing returns a KeyFunc that fails every request with err: the way
-// constructors without an error result report a bad configuration, which
-// [ConfigError] finds before any request. It is never inlined: an inlined
-// copy would make closures with code of their own, which ConfigError would
-// not know.
-//
-//go:noinline
-func failing(err error) KeyFunc {
-	return func(*http.Request) (string, error) { return "", err }
+// addrSlotKey is the context key of an address slot; see WithAddressSlot.
+type addrSlotKey struct{}
+
+// WithAddressSlot returns a copy of ctx holding slot. The key functions
+// that read the client's address from somewhere other than the TCP peer,
+// [ClientIP] and [ClientIPFromContext], store there the address they
+// resolved (whole, not grouped), whether called alone, in a [Join] or by a
+// function of the caller's own; a slot left empty means the peer. The
+// middleware's allow-list reads it, so that an address entry matches the
+// client that the key function found behind the trusted proxies.
+func WithAddressSlot(ctx context.Context, slot *netip.Addr) context.Context {
+	return context.WithValue(ctx, addrSlotKey{}, slot)
 }
 
-// failingCode identifies the KeyFuncs failing returns: every closure of
-// one function literal has the same code.
-var failingCode = reflect.ValueOf(failing(nil)).Pointer()
-
-// KeysByAddress reports whether fn keys requests by their client's address:
-// it is [PeerIP], or a KeyFunc that [PeerIPPrefix], [ClientIP] or
-// [ClientIPFromContext] made, or a [Join] whose first part is one of those.
-// Its keys ("ip:192.0.2.1", "ip:2001:db8:1:2::/64", first in a Join) then
-// name the address that it resolved (through the trusted proxies), which
-// middleware's allow-list matches; the keys of any other KeyFunc may be any
-// text, even text a client chose.
-func KeysByAddress(fn KeyFunc) bool {
-	return fn != nil && slices.Contains(addressCode(), reflect.ValueOf(fn).Pointer())
-}
-
-// addressCode is the code of the KeyFuncs that key by address: every
-// closure of one function literal (or method value) has the same code. The
-// constructors that return closures are never inlined, which would give
-// their closures code of their own.
-var addressCode = sync.OnceValue(func() []uintptr {
-	clientIP, _ := ClientIP()
-	fromCtx, _ := ClientIPFromContext(func(context.Context) string { return "" })
-	peerPrefix, _ := PeerIPPrefix(32, 64)
-	code := []uintptr{}
-	for _, fn := range []KeyFunc{PeerIP, peerPrefix, clientIP, fromCtx, addressJoin(nil)} {
-		code = append(code, reflect.ValueOf(fn).Pointer())
+// record stores addr in r's address slot, if it has one.
+func record(r *http.Request, addr netip.Addr) {
+	if slot, ok := r.Context().Value(addrSlotKey{}).(*netip.Addr); ok {
+		*slot = addr
 	}
-	return code
-})
-
-// addressJoin returns join, a Join whose first part keys by address, as a
-// KeyFunc that [KeysByAddress] knows.
-//
-//go:noinline
-func addressJoin(join KeyFunc) KeyFunc {
-	return func(r *http.Request) (string, error) { return join(r) }
-}
-
-// ConfigError returns the error of a KeyFunc that a constructor of this
-// package made from bad arguments, such as Header("bad name") or
-// Static(""), which fails every request with that error (wrapping
-// [ErrInvalidConfig]); for any other KeyFunc, nil. middleware.New calls it,
-// so that such a KeyFunc is an error when the limiter is built rather than
-// a refused request later.
-func ConfigError(fn KeyFunc) error {
-	if fn == nil || reflect.ValueOf(fn).Pointer() != failingCode {
-		return nil
-	}
-	_, err := fn(nil)
-	return err
 }
 
 func invalid(format string, args ...any) error {
@@ -148,13 +102,13 @@ func invalid(format string, args ...any) error {
 // Static returns a KeyFunc that always returns key: one bucket shared by
 // every request, a global limit. The key is used as given (it is not
 // namespaced); pick one that cannot be mistaken for the keys of the other
-// KeyFuncs, such as "global". An empty key gives a KeyFunc that fails every
-// request with an error wrapping [ErrInvalidConfig].
-func Static(key string) KeyFunc {
+// KeyFuncs, such as "global". An empty key is an error wrapping
+// [ErrInvalidConfig].
+func Static(key string) (KeyFunc, error) {
 	if key == "" {
-		return failing(invalid("Static key is empty"))
+		return nil, invalid("Static key is empty")
 	}
-	return func(*http.Request) (string, error) { return key, nil }
+	return func(*http.Request) (string, error) { return key, nil }, nil
 }
 
 // Join combines key functions into one composite key, such as per user per
@@ -164,27 +118,21 @@ func Static(key string) KeyFunc {
 //
 // The first error of a part is returned wrapped, naming the part's index
 // from 0, so [ErrNoKey] still matches; a part returning an empty key is an
-// error wrapping ErrNoKey. Join with no functions, or with a nil one, gives
-// a KeyFunc that fails every request with an error wrapping
-// [ErrInvalidConfig].
+// error wrapping ErrNoKey. Join with no functions, or with a nil one, is an
+// error wrapping [ErrInvalidConfig].
 //
 // The key is as long as its parts plus one byte between parts and one per
 // escaped byte. Keys from [PeerIP], [PeerIPPrefix], [ClientIP] and [Header]
 // hold no byte to escape; keys from [User], [Route] and [Pattern] may.
-func Join(fns ...KeyFunc) KeyFunc {
+func Join(fns ...KeyFunc) (KeyFunc, error) {
 	if len(fns) == 0 {
-		return failing(invalid("Join needs at least one KeyFunc"))
+		return nil, invalid("Join needs at least one KeyFunc")
 	}
 	if i := slices.IndexFunc(fns, func(fn KeyFunc) bool { return fn == nil }); i >= 0 {
-		return failing(invalid("Join part %d is nil", i))
-	}
-	for i, fn := range fns {
-		if err := ConfigError(fn); err != nil {
-			return failing(fmt.Errorf("keyfuncs: Join part %d: %w", i, err))
-		}
+		return nil, invalid("Join part %d is nil", i)
 	}
 	fns = slices.Clone(fns) // the caller may reuse its slice
-	join := func(r *http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
 		// One allocation for the key when it fits the buffer (the parts
 		// allocate their own).
 		var buf [128]byte
@@ -203,11 +151,7 @@ func Join(fns ...KeyFunc) KeyFunc {
 			b = appendEscaped(b, k)
 		}
 		return string(b), nil
-	}
-	if KeysByAddress(fns[0]) {
-		return addressJoin(join)
-	}
-	return join
+	}, nil
 }
 
 // appendEscaped appends s with a '\' before each '\' and '|'.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func hash(s string) string {
 }
 
 func TestHeader(t *testing.T) {
-	kf := keyfuncs.Header("x-api-key")
+	kf := mustKey(keyfuncs.Header("x-api-key"))
 	key := func(values ...string) (string, error) {
 		r := httptest.NewRequest("GET", "/", nil)
 		for _, v := range values {
@@ -104,7 +105,7 @@ func TestHeader(t *testing.T) {
 		if got, err := kf(r); !errors.Is(err, keyfuncs.ErrNoKey) {
 			t.Errorf("got %q, %v; want an error wrapping ErrNoKey", got, err)
 		}
-		got, err := keyfuncs.Header("Authorization")(r)
+		got, err := mustKey(keyfuncs.Header("Authorization"))(r)
 		if want := "key:" + hash("Bearer x"); err != nil || got != want {
 			t.Errorf("Header(Authorization): got %q, %v; want %q, nil", got, err, want)
 		}
@@ -114,11 +115,9 @@ func TestHeader(t *testing.T) {
 func TestHeaderInvalidName(t *testing.T) {
 	for _, name := range []string{"", "X Api", "X-Api:", "X-Äpi", "X\x00", "(x)"} {
 		t.Run(name, func(t *testing.T) {
-			r := httptest.NewRequest("GET", "/", nil)
-			r.Header[name] = []string{"v"}
-			got, err := keyfuncs.Header(name)(r)
-			if !errors.Is(err, keyfuncs.ErrInvalidConfig) || got != "" {
-				t.Errorf("Header(%q) = %q, %v; want an error wrapping ErrInvalidConfig", name, got, err)
+			kf, err := keyfuncs.Header(name)
+			if !errors.Is(err, keyfuncs.ErrInvalidConfig) || kf != nil {
+				t.Errorf("Header(%q) = %p, %v; want nil, an error wrapping ErrInvalidConfig", name, kf, err)
 			}
 			if errors.Is(err, keyfuncs.ErrNoKey) {
 				t.Errorf("Header(%q): error %v wraps ErrNoKey; want a configuration error only", name, err)
@@ -135,7 +134,7 @@ func userFromContext(ctx context.Context) string {
 }
 
 func TestUser(t *testing.T) {
-	kf := keyfuncs.User(userFromContext)
+	kf := mustKey(keyfuncs.User(userFromContext))
 	key := func(id string) (string, error) {
 		r := httptest.NewRequest("GET", "/", nil)
 		if id != "" {
@@ -184,9 +183,8 @@ func TestUser(t *testing.T) {
 		}
 	})
 	t.Run("nil function", func(t *testing.T) {
-		got, err := keyfuncs.User(nil)(httptest.NewRequest("GET", "/", nil))
-		if !errors.Is(err, keyfuncs.ErrInvalidConfig) || got != "" {
-			t.Errorf("got %q, %v; want \"\", an error wrapping ErrInvalidConfig", got, err)
+		if kf, err := keyfuncs.User(nil); !errors.Is(err, keyfuncs.ErrInvalidConfig) || kf != nil {
+			t.Errorf("User(nil) = %p, %v; want nil, an error wrapping ErrInvalidConfig", kf, err)
 		}
 	})
 }
@@ -268,10 +266,10 @@ func TestPattern(t *testing.T) {
 func TestRoute(t *testing.T) {
 	// A stand-in for a router that stores the matched pattern in the context.
 	type routeKey struct{}
-	kf := keyfuncs.Route(func(r *http.Request) string {
+	kf := mustKey(keyfuncs.Route(func(r *http.Request) string {
 		p, _ := r.Context().Value(routeKey{}).(string)
 		return p
-	})
+	}))
 	key := func(pattern string) (string, error) {
 		r := httptest.NewRequest("GET", "/", nil)
 		return kf(r.WithContext(context.WithValue(r.Context(), routeKey{}, pattern)))
@@ -300,24 +298,22 @@ func TestRoute(t *testing.T) {
 		}
 	})
 	t.Run("nil function", func(t *testing.T) {
-		got, err := keyfuncs.Route(nil)(httptest.NewRequest("GET", "/", nil))
-		if !errors.Is(err, keyfuncs.ErrInvalidConfig) || got != "" {
-			t.Errorf("got %q, %v; want \"\", an error wrapping ErrInvalidConfig", got, err)
+		if kf, err := keyfuncs.Route(nil); !errors.Is(err, keyfuncs.ErrInvalidConfig) || kf != nil {
+			t.Errorf("Route(nil) = %p, %v; want nil, an error wrapping ErrInvalidConfig", kf, err)
 		}
 	})
 }
 
 func TestStatic(t *testing.T) {
-	kf := keyfuncs.Static("global")
+	kf := mustKey(keyfuncs.Static("global"))
 	for _, remoteAddr := range []string{"192.0.2.1:1", "garbage", ""} {
 		got, err := kf(request(remoteAddr))
 		if err != nil || got != "global" {
 			t.Errorf("RemoteAddr %q: got %q, %v; want \"global\", nil", remoteAddr, got, err)
 		}
 	}
-	got, err := keyfuncs.Static("")(request("192.0.2.1:1"))
-	if !errors.Is(err, keyfuncs.ErrInvalidConfig) || got != "" {
-		t.Errorf("Static(\"\"): got %q, %v; want \"\", an error wrapping ErrInvalidConfig", got, err)
+	if kf, err := keyfuncs.Static(""); !errors.Is(err, keyfuncs.ErrInvalidConfig) || kf != nil {
+		t.Errorf("Static(\"\") = %p, %v; want nil, an error wrapping ErrInvalidConfig", kf, err)
 	}
 }
 
@@ -360,15 +356,15 @@ func TestJoin(t *testing.T) {
 		want  string
 	}{
 		{"one part", []keyfuncs.KeyFunc{keyfuncs.PeerIP}, "ip:192.0.2.1"},
-		{"ip and key", []keyfuncs.KeyFunc{keyfuncs.PeerIP, keyfuncs.Header("X-Api-Key")}, "ip:192.0.2.1|key:" + hash("secret")},
-		{"user and static", []keyfuncs.KeyFunc{keyfuncs.User(userFromContext), keyfuncs.Static("login")}, "user:42|login"},
+		{"ip and key", []keyfuncs.KeyFunc{keyfuncs.PeerIP, mustKey(keyfuncs.Header("X-Api-Key"))}, "ip:192.0.2.1|key:" + hash("secret")},
+		{"user and static", []keyfuncs.KeyFunc{mustKey(keyfuncs.User(userFromContext)), mustKey(keyfuncs.Static("login"))}, "user:42|login"},
 		{"separator escaped", []keyfuncs.KeyFunc{literal("a|b"), literal("c")}, `a\|b|c`},
 		{"separator escaped second", []keyfuncs.KeyFunc{literal("a"), literal("b|c")}, `a|b\|c`},
 		{"backslash escaped", []keyfuncs.KeyFunc{literal(`a\`), literal("b")}, `a\\|b`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := keyfuncs.Join(tt.parts...)(r)
+			got, err := mustKey(keyfuncs.Join(tt.parts...))(r)
 			if err != nil || got != tt.want {
 				t.Errorf("got %q, %v; want %q, nil", got, err, tt.want)
 			}
@@ -388,7 +384,7 @@ func TestJoinUnambiguous(t *testing.T) {
 		for i, p := range parts {
 			fns[i] = literal(p)
 		}
-		got, err := keyfuncs.Join(fns...)(request("192.0.2.1:1"))
+		got, err := mustKey(keyfuncs.Join(fns...))(request("192.0.2.1:1"))
 		if err != nil {
 			t.Fatalf("Join(%q): %v", parts, err)
 		}
@@ -414,8 +410,8 @@ func TestJoinErrors(t *testing.T) {
 		sentinel error
 		mention  string
 	}{
-		{"part 1 has no key", []keyfuncs.KeyFunc{keyfuncs.PeerIP, keyfuncs.Header("X-Api-Key"), after}, keyfuncs.ErrNoKey, "part 1"},
-		{"part 0 has no key", []keyfuncs.KeyFunc{keyfuncs.Header("X-Api-Key"), keyfuncs.PeerIP}, keyfuncs.ErrNoKey, "part 0"},
+		{"part 1 has no key", []keyfuncs.KeyFunc{keyfuncs.PeerIP, mustKey(keyfuncs.Header("X-Api-Key")), after}, keyfuncs.ErrNoKey, "part 1"},
+		{"part 0 has no key", []keyfuncs.KeyFunc{mustKey(keyfuncs.Header("X-Api-Key")), keyfuncs.PeerIP}, keyfuncs.ErrNoKey, "part 0"},
 		{"other error", []keyfuncs.KeyFunc{keyfuncs.PeerIP, func(*http.Request) (string, error) { return "", errBoom }}, errBoom, "part 1"},
 		{"empty key", []keyfuncs.KeyFunc{keyfuncs.PeerIP, literal("")}, keyfuncs.ErrNoKey, "part 1"},
 		{"no functions", nil, keyfuncs.ErrInvalidConfig, "at least one"},
@@ -424,7 +420,11 @@ func TestJoinErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			called = false
-			got, err := keyfuncs.Join(tt.parts...)(r)
+			kf, err := keyfuncs.Join(tt.parts...)
+			got := ""
+			if err == nil {
+				got, err = kf(r)
+			}
 			if !errors.Is(err, tt.sentinel) || got != "" {
 				t.Fatalf("got %q, %v; want \"\", an error wrapping %v", got, err, tt.sentinel)
 			}
@@ -440,7 +440,7 @@ func TestJoinErrors(t *testing.T) {
 
 func TestJoinCopiesItsArguments(t *testing.T) {
 	fns := []keyfuncs.KeyFunc{literal("a"), literal("b")}
-	kf := keyfuncs.Join(fns...)
+	kf := mustKey(keyfuncs.Join(fns...))
 	fns[0] = literal("changed")
 	if got, err := kf(request("192.0.2.1:1")); err != nil || got != "a|b" {
 		t.Errorf("got %q, %v; want \"a|b\", nil", got, err)
@@ -462,7 +462,7 @@ func FuzzJoin(f *testing.F) {
 				fns[i] = literal(p)
 				empty = empty || p == ""
 			}
-			key, err := keyfuncs.Join(fns...)(r)
+			key, err := mustKey(keyfuncs.Join(fns...))(r)
 			if empty {
 				if !errors.Is(err, keyfuncs.ErrNoKey) {
 					t.Fatalf("Join(%q) = %q, %v; want an error wrapping ErrNoKey", parts, key, err)
@@ -494,11 +494,11 @@ func BenchmarkKeyFuncs(b *testing.B) {
 		name string
 		kf   keyfuncs.KeyFunc
 	}{
-		{"Header", keyfuncs.Header("X-Api-Key")},
-		{"User", keyfuncs.User(userFromContext)},
+		{"Header", mustKey(keyfuncs.Header("X-Api-Key"))},
+		{"User", mustKey(keyfuncs.User(userFromContext))},
 		{"Pattern", keyfuncs.Pattern},
-		{"Join(User,Pattern)", keyfuncs.Join(keyfuncs.User(userFromContext), keyfuncs.Pattern)},
-		{"Static", keyfuncs.Static("global")},
+		{"Join(User,Pattern)", mustKey(keyfuncs.Join(mustKey(keyfuncs.User(userFromContext)), keyfuncs.Pattern))},
+		{"Static", mustKey(keyfuncs.Static("global"))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -511,65 +511,64 @@ func BenchmarkKeyFuncs(b *testing.B) {
 	}
 }
 
-// The KeyFuncs that constructors without an error result make from bad
-// arguments are found before any request; good ones, and the caller's own,
-// are not.
-func TestConfigError(t *testing.T) {
-	good := map[string]keyfuncs.KeyFunc{
-		"Header":    keyfuncs.Header("X-API-Key"),
-		"Static":    keyfuncs.Static("global"),
-		"Join":      keyfuncs.Join(keyfuncs.PeerIP, keyfuncs.Static("x")),
-		"PeerIP":    keyfuncs.PeerIP,
-		"their own": func(*http.Request) (string, error) { return "", errors.New("no user") },
-		"nil":       nil,
-	}
-	for name, fn := range good {
-		if err := keyfuncs.ConfigError(fn); err != nil {
-			t.Errorf("ConfigError(%s) = %v, want nil", name, err)
-		}
-	}
-	bad := map[string]keyfuncs.KeyFunc{
-		"Header(bad name)":     keyfuncs.Header("bad name"),
-		"Static(empty)":        keyfuncs.Static(""),
-		"User(nil)":            keyfuncs.User(nil),
-		"Route(nil)":           keyfuncs.Route(nil),
-		"Join()":               keyfuncs.Join(),
-		"Join(nil)":            keyfuncs.Join(keyfuncs.PeerIP, nil),
-		"Join(Header(bad))":    keyfuncs.Join(keyfuncs.PeerIP, keyfuncs.Header("bad name")),
-		"Join(Join(Static()))": keyfuncs.Join(keyfuncs.Join(keyfuncs.Static(""))),
-	}
-	for name, fn := range bad {
-		if err := keyfuncs.ConfigError(fn); !errors.Is(err, keyfuncs.ErrInvalidConfig) {
-			t.Errorf("ConfigError(%s) = %v, want an error wrapping ErrInvalidConfig", name, err)
+// Constructors given bad arguments return an error, never a KeyFunc.
+func TestConstructorErrors(t *testing.T) {
+	for name, build := range map[string]func() (keyfuncs.KeyFunc, error){
+		"Header(bad name)": func() (keyfuncs.KeyFunc, error) { return keyfuncs.Header("bad name") },
+		"Static(empty)":    func() (keyfuncs.KeyFunc, error) { return keyfuncs.Static("") },
+		"User(nil)":        func() (keyfuncs.KeyFunc, error) { return keyfuncs.User(nil) },
+		"Route(nil)":       func() (keyfuncs.KeyFunc, error) { return keyfuncs.Route(nil) },
+		"Join()":           func() (keyfuncs.KeyFunc, error) { return keyfuncs.Join() },
+		"Join(nil)":        func() (keyfuncs.KeyFunc, error) { return keyfuncs.Join(keyfuncs.PeerIP, nil) },
+	} {
+		if kf, err := build(); !errors.Is(err, keyfuncs.ErrInvalidConfig) || kf != nil {
+			t.Errorf("%s = %p, %v; want nil, an error wrapping ErrInvalidConfig", name, kf, err)
 		}
 	}
 }
 
-// KeysByAddress knows the KeyFuncs whose keys name the client's address,
-// including through a Join that puts one first, and no others: their keys
-// may be text a client chose.
-func TestKeysByAddress(t *testing.T) {
+// The key functions that resolve the client behind trusted proxies record
+// its address in the request's slot, however they are called (alone, in a
+// Join, in a function of the app's own); the others leave it empty, so the
+// allow-list never trusts text that only looks like "ip:…".
+func TestAddressSlot(t *testing.T) {
 	clientIP, _ := keyfuncs.ClientIP(keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.FromXForwardedFor())
-	plainIP, _ := keyfuncs.ClientIP()
-	prefix, _ := keyfuncs.PeerIPPrefix(24, 48)
-	fromCtx, _ := keyfuncs.ClientIPFromContext(func(context.Context) string { return "192.0.2.1" })
+	fromCtx, _ := keyfuncs.ClientIPFromContext(func(context.Context) string { return "198.51.100.7" })
+	wrapped := func(r *http.Request) (string, error) { k, err := clientIP(r); return "tenant:" + k, err }
+	r := request("10.0.0.1:1")
+	r.Header.Set("X-Forwarded-For", "198.51.100.7")
 	for name, fn := range map[string]keyfuncs.KeyFunc{
-		"PeerIP": keyfuncs.PeerIP, "ClientIP": clientIP, "ClientIP()": plainIP, "PeerIPPrefix": prefix,
-		"ClientIPFromContext": fromCtx, "Join(ClientIP, Header)": keyfuncs.Join(clientIP, keyfuncs.Header("X-A")),
-		"Join(Join(PeerIP))": keyfuncs.Join(keyfuncs.Join(keyfuncs.PeerIP)),
+		"ClientIP": clientIP, "ClientIPFromContext": fromCtx, "their own wrapper": wrapped,
+		"Join(Header, ClientIP)": mustKey(keyfuncs.Join(mustKey(keyfuncs.Static("x")), clientIP)),
 	} {
-		if !keyfuncs.KeysByAddress(fn) {
-			t.Errorf("KeysByAddress(%s) = false, want true", name)
+		var slot netip.Addr
+		if _, err := fn(r.WithContext(keyfuncs.WithAddressSlot(r.Context(), &slot))); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if slot != netip.MustParseAddr("198.51.100.7") {
+			t.Errorf("%s recorded %v, want 198.51.100.7", name, slot)
 		}
 	}
 	for name, fn := range map[string]keyfuncs.KeyFunc{
-		"Header": keyfuncs.Header("X-A"), "Static": keyfuncs.Static("ip:10.0.0.1"), "nil": nil,
-		"Join(Header, ClientIP)": keyfuncs.Join(keyfuncs.Header("X-A"), clientIP),
-		"their own":              func(*http.Request) (string, error) { return "ip:10.0.0.1", nil },
-		"invalid":                keyfuncs.Header("bad name"),
+		"PeerIP": keyfuncs.PeerIP, "Static": mustKey(keyfuncs.Static("ip:198.51.100.7")),
+		"their own": func(*http.Request) (string, error) { return "ip:198.51.100.7", nil },
 	} {
-		if keyfuncs.KeysByAddress(fn) {
-			t.Errorf("KeysByAddress(%s) = true, want false", name)
+		var slot netip.Addr
+		fn(r.WithContext(keyfuncs.WithAddressSlot(r.Context(), &slot)))
+		if slot.IsValid() {
+			t.Errorf("%s recorded %v, want nothing (the peer)", name, slot)
 		}
 	}
+	if _, err := clientIP(r); err != nil { // no slot: nothing to record
+		t.Error(err)
+	}
+}
+
+// mustKey returns kf, failing the process on err: for KeyFuncs built from
+// arguments known to be good.
+func mustKey(kf keyfuncs.KeyFunc, err error) keyfuncs.KeyFunc {
+	if err != nil {
+		panic(err)
+	}
+	return kf
 }

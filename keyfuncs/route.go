@@ -28,7 +28,7 @@ var errNoPattern = fmt.Errorf("keyfuncs: %w: no ServeMux pattern (Request.Patter
 // package does not import: "route:<pattern>", bounded and hashed like
 // [Pattern]. With chi:
 //
-//	keyfuncs.Route(func(r *http.Request) string {
+//	kf, err := keyfuncs.Route(func(r *http.Request) string {
 //		return chi.RouteContext(r.Context()).RoutePattern()
 //	})
 //
@@ -37,11 +37,11 @@ var errNoPattern = fmt.Errorf("keyfuncs: %w: no ServeMux pattern (Request.Patter
 // r.Group). Under r.Use of a Mux or of r.Route, it would read the pattern
 // matched so far, such as "/api/*", shared by every route below.
 //
-// fn returning "" is an error wrapping [ErrNoKey]. A nil fn gives a KeyFunc
-// that fails every request with an error wrapping [ErrInvalidConfig].
-func Route(fn func(r *http.Request) string) KeyFunc {
+// fn returning "" is an error wrapping [ErrNoKey]. A nil fn is an error
+// wrapping [ErrInvalidConfig].
+func Route(fn func(r *http.Request) string) (KeyFunc, error) {
 	if fn == nil {
-		return failing(invalid("Route function is nil"))
+		return nil, invalid("Route function is nil")
 	}
 	return func(r *http.Request) (string, error) {
 		p := fn(r)
@@ -49,7 +49,7 @@ func Route(fn func(r *http.Request) string) KeyFunc {
 			return "", errNoRoute
 		}
 		return subjectKey("route:", p), nil
-	}
+	}, nil
 }
 
 var errNoRoute = fmt.Errorf("keyfuncs: %w: the Route function returned no pattern", ErrNoKey)

@@ -49,7 +49,7 @@ func TestAllowedPathAllocatesNothing(t *testing.T) {
 		{"no headers", "192.0.2.1:1234", []middleware.Option{middleware.WithHeaders(0)}, "", 0},
 		{"all delta headers", "192.0.2.1:1234", []middleware.Option{middleware.WithHeaders(headers.Default | headers.XRateLimitDelta)}, `"all delta headers";r=99;t=1`, 0},
 		{"deny cache", "192.0.2.1:1234", []middleware.Option{middleware.WithDenyCache(1000)}, `"deny cache";r=99;t=1`, 0},
-		{"static key", "192.0.2.1:1234", []middleware.Option{middleware.WithKeyFunc(keyfuncs.Static("global"))}, `"static key";r=99;t=1`, 0},
+		{"static key", "192.0.2.1:1234", []middleware.Option{middleware.WithKeyFunc(mustKey(keyfuncs.Static("global")))}, `"static key";r=99;t=1`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := mustNew(t, m, store.PerSecond(100), append(tc.opts, middleware.WithName(tc.name))...)

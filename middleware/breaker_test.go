@@ -155,7 +155,7 @@ func TestRedisHungFailOpen(t *testing.T) {
 	const budget = 50 * time.Millisecond
 	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), store.PerMinute(1000),
 		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), middleware.WithLogger(nil),
-		middleware.WithKeyFunc(keyfuncs.Static("hung")))
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("hung"))))
 	h := l.Handler(okHandler)
 	serve := func() (int, string, time.Duration) {
 		w := httptest.NewRecorder()
@@ -217,7 +217,7 @@ func TestFailLocalHoldsShare(t *testing.T) {
 		l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
 			middleware.WithFailurePolicy(middleware.FailLocal), middleware.WithReplicas(4),
 			middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
-			middleware.WithKeyFunc(keyfuncs.Static("everyone")))
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))))
 		h := l.Handler(okHandler)
 		allowed, denied := 0, 0
 		var last *httptest.ResponseRecorder

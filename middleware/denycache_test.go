@@ -63,7 +63,7 @@ func newFakeTimeLimiter(t *testing.T, ft *fakeTime, lim store.Limit, opts ...mid
 	t.Helper()
 	cs := &countingStore{Store: store.NewMemory(store.WithClock(ft.wall), store.WithSweepInterval(0))}
 	l := mustNew(t, cs, lim, append([]middleware.Option{middleware.WithName("api"), middleware.WithDenyCache(100),
-		middleware.WithKeyFunc(keyfuncs.Static("client")), middleware.WithCost(costHeader)}, opts...)...)
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithCost(costHeader)}, opts...)...)
 	middleware.SetDenyCacheClock(l, ft.now)
 	return l, cs
 }
@@ -74,7 +74,7 @@ func TestDenyCacheValidates(t *testing.T) {
 	if l, err := middleware.New(m, store.PerSecond(1), middleware.WithDenyCache(-1)); err == nil || l != nil {
 		t.Errorf("WithDenyCache(-1): %v, %v; want an error", l, err)
 	}
-	l := mustNew(t, m, store.PerMinute(1), middleware.WithDenyCache(0), middleware.WithKeyFunc(keyfuncs.Static(t.Name())))
+	l := mustNew(t, m, store.PerMinute(1), middleware.WithDenyCache(0), middleware.WithKeyFunc(mustKey(keyfuncs.Static(t.Name()))))
 	for range 3 {
 		l.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
 	}
@@ -108,7 +108,7 @@ func TestDenyCacheHeadersAsStore(t *testing.T) {
 	}
 	cached, cs := newFakeTimeLimiter(t, ft, lim, hook(0), handler(0))
 	plain := mustNew(t, store.NewMemory(store.WithClock(ft.wall), store.WithSweepInterval(0)), lim,
-		middleware.WithName("api"), middleware.WithKeyFunc(keyfuncs.Static("client")), middleware.WithCost(costHeader), hook(1), handler(1))
+		middleware.WithName("api"), middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithCost(costHeader), hook(1), handler(1))
 	hc, hp := cached.Handler(okHandler), plain.Handler(okHandler)
 
 	type step struct {
@@ -308,7 +308,7 @@ func TestDenyCacheSingleProbe(t *testing.T) {
 			gs := &gateStore{Store: store.NewMemory(store.WithClock(ft.wall), store.WithSweepInterval(0)),
 				entered: make(chan struct{}), release: make(chan struct{})}
 			l := mustNew(t, gs, lim, middleware.WithName("api"), middleware.WithDenyCache(10),
-				middleware.WithKeyFunc(keyfuncs.Static("client")), middleware.WithBreaker(0, 0), middleware.WithLogger(nil))
+				middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithBreaker(0, 0), middleware.WithLogger(nil))
 			middleware.SetDenyCacheClock(l, ft.now)
 			h := l.Handler(okHandler)
 			serveCost(h, 1)
@@ -430,7 +430,7 @@ func flood(t *testing.T, st store.Store, name string, opts ...middleware.Option)
 	t.Helper()
 	cs := &countingStore{Store: st}
 	l := mustNew(t, cs, floodLimit, append([]middleware.Option{middleware.WithName(name),
-		middleware.WithKeyFunc(keyfuncs.Static("flood")), middleware.WithLogger(nil)}, opts...)...)
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("flood"))), middleware.WithLogger(nil)}, opts...)...)
 	h := l.Handler(okHandler)
 	var res floodResult
 	checked := false

@@ -87,7 +87,7 @@ func TestExactUnderContention(t *testing.T) {
 			t.Run("Limiter", func(t *testing.T) {
 				m := store.NewMemory()
 				t.Cleanup(func() { m.Close() })
-				l, err := middleware.New(m, lim, middleware.WithKeyFunc(keyfuncs.Header("X-Client")))
+				l, err := middleware.New(m, lim, middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Client"))))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -106,11 +106,11 @@ func TestExactUnderContention(t *testing.T) {
 				t.Cleanup(func() { m.Close() })
 				read := store.PerSecond(10)
 				write := store.Limit{Rate: 1, Period: time.Second, Burst: 2}
-				lr, err := middleware.New(m, read, middleware.WithName("api"), middleware.WithKeyFunc(keyfuncs.Header("X-Client")))
+				lr, err := middleware.New(m, read, middleware.WithName("api"), middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Client"))))
 				if err != nil {
 					t.Fatal(err)
 				}
-				lw, err := middleware.New(m, write, middleware.WithName("api"), middleware.WithKeyFunc(keyfuncs.Header("X-Client")))
+				lw, err := middleware.New(m, write, middleware.WithName("api"), middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Client"))))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -144,7 +144,7 @@ func TestExactUnderContention(t *testing.T) {
 					global := store.Limit{Rate: 100, Period: time.Second, Burst: 50}
 					mu, err := middleware.NewMulti(s, []middleware.Policy{
 						{Name: "user", Limit: user},
-						{Name: "global", Limit: global, Key: keyfuncs.Static("all")},
+						{Name: "global", Limit: global, Key: mustKey(keyfuncs.Static("all"))},
 					}, middleware.WithKeyFunc(func(r *http.Request) (string, error) { return r.URL.Query().Get("u"), nil }),
 						middleware.WithFailurePolicy(middleware.FailLocal))
 					if err != nil {
@@ -169,7 +169,7 @@ func TestExactUnderContention(t *testing.T) {
 				})
 			}
 			t.Run("LimiterFailLocal", func(t *testing.T) {
-				l, err := middleware.New(deadStore(t), lim, middleware.WithKeyFunc(keyfuncs.Header("X-Client")),
+				l, err := middleware.New(deadStore(t), lim, middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Client"))),
 					middleware.WithFailurePolicy(middleware.FailLocal))
 				if err != nil {
 					t.Fatal(err)

@@ -37,11 +37,8 @@ type Limiter struct {
 	mem    *store.Memory // the store, if a Memory: decided on the key's bytes
 	peerIP bool          // the KeyFunc is keyfuncs.PeerIP; see appendKey
 	hooks  bool          // a hook needs the subject as a string
-	// addrKeyed: the KeyFunc keys by the client's address, which the
-	// allow-list then reads from the subject (see allowedBySubject).
-	addrKeyed bool
-	brk       *breaker // nil: no breaker
-	local     *store.Memory
+	brk    *breaker      // nil: no breaker
+	local  *store.Memory
 	// localLimit is the limit divided among replicas, for FailLocal.
 	localLimit store.Limit
 	hdr        *headers.Cache // nil: no rate-limit headers
@@ -104,9 +101,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.peerIP = l.cfg.keyFunc == nil; l.peerIP { // the default, PeerIP: see appendKey
 		l.cfg.keyFunc = keyfuncs.PeerIP
 	}
-	l.addrKeyed = keyfuncs.KeysByAddress(l.cfg.keyFunc)
-	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil ||
-		(l.cfg.allowNets != nil && l.addrKeyed)
+	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
@@ -270,18 +265,25 @@ const maxPooledKey = 1024
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
 	allowed, resolved := c.allowedResolved(r)
-	if !resolved && !l.addrKeyed {
-		allowed, resolved = c.allowedPeer(r), true // the subject names no address
+	if !resolved && l.peerIP {
+		allowed, resolved = c.allowedPeer(r), true // the default key: the peer
 	}
 	if (c.skip != nil && c.skip(r)) || allowed {
 		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
 	}
+	kr, slot := slotted(r, resolved)
 	kb := keyBufs.Get().(*keyBuf)
-	key, subject, err := l.appendKey(kb.b[:0], r)
+	key, subject, err := l.appendKey(kb.b[:0], kr)
 	if cap(key) <= maxPooledKey {
 		kb.b = key[:0]
+	}
+	if !resolved && c.allowedAt(r, *slot) { // an allow-listed client needs no key
+		keyBufs.Put(kb)
+		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
+		next.ServeHTTP(w, r)
+		return
 	}
 	if err != nil {
 		keyBufs.Put(kb)
@@ -300,7 +302,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	if subject == "" && l.hooks {
 		subject = string(key[len(l.prefix):]) // PeerIP: "<name>:<address>", never wrapped
 	}
-	if (c.allowKeys != nil && c.allowKeys[subject]) || (!resolved && c.allowedBySubject(r, subject)) {
+	if c.allowKeys != nil && c.allowKeys[subject] {
 		keyBufs.Put(kb)
 		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
 		next.ServeHTTP(w, r)

@@ -126,7 +126,7 @@ func TestTwoLimitersOneRoute(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()
 	perUser := mustNew(t, m, store.PerMinute(2), middleware.WithName("per-user"), middleware.WithKeyFunc(userKey))
-	perRoute := mustNew(t, m, store.PerMinute(3), middleware.WithName("per-route"), middleware.WithKeyFunc(keyfuncs.Static("route:/items")))
+	perRoute := mustNew(t, m, store.PerMinute(3), middleware.WithName("per-route"), middleware.WithKeyFunc(mustKey(keyfuncs.Static("route:/items"))))
 	srv := httptest.NewServer(perRoute.Handler(perUser.Handler(okHandler)))
 	defer srv.Close()
 	c := srv.Client()
@@ -221,7 +221,7 @@ func TestKeyErrorIsNeverShared(t *testing.T) {
 	defer m.Close()
 	cs := &countingStore{Store: m}
 	var hooked atomic.Int64
-	l := mustNew(t, cs, store.PerMinute(1), middleware.WithKeyFunc(keyfuncs.Header("X-API-Key")),
+	l := mustNew(t, cs, store.PerMinute(1), middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-API-Key"))),
 		middleware.WithOnError(func(_ *http.Request, err error) {
 			if errors.Is(err, keyfuncs.ErrNoKey) {
 				hooked.Add(1)
@@ -302,7 +302,7 @@ func TestDryRunNeverRefuses(t *testing.T) {
 func TestDryRunServesUnrated(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()
-	noKey := middleware.WithKeyFunc(keyfuncs.Header("X-Api-Key"))
+	noKey := middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Api-Key")))
 	tooDear := middleware.WithCost(func(*http.Request) int { return 100 })
 	for _, tc := range []struct {
 		name string
@@ -434,7 +434,7 @@ func TestHeaderProfiles(t *testing.T) {
 		{headers.Draft03, []string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}, []string{"RateLimit", "X-RateLimit-Limit"}},
 		{headers.XRateLimitDelta, []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}, []string{"RateLimit"}},
 	} {
-		l := mustNew(t, m, store.PerMinute(5), middleware.WithHeaders(tc.profile), middleware.WithKeyFunc(keyfuncs.Static(t.Name())))
+		l := mustNew(t, m, store.PerMinute(5), middleware.WithHeaders(tc.profile), middleware.WithKeyFunc(mustKey(keyfuncs.Static(t.Name()))))
 		w := httptest.NewRecorder()
 		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
 		for _, h := range tc.present {
@@ -579,7 +579,7 @@ func TestStoreKeyShape(t *testing.T) {
 	} {
 		opts := []middleware.Option{middleware.WithName(tc.name)}
 		if !tc.peer {
-			opts = append(opts, middleware.WithKeyFunc(keyfuncs.Static(tc.subject)))
+			opts = append(opts, middleware.WithKeyFunc(mustKey(keyfuncs.Static(tc.subject))))
 		}
 		l := mustNew(t, store.NewRedis(rdb), store.PerMinute(10), opts...)
 		w := httptest.NewRecorder()
@@ -755,4 +755,13 @@ func TestDefaultNamesNeverShare(t *testing.T) {
 	if serve(a) != 200 || serve(b) != 200 || serve(a) != 429 {
 		t.Errorf("limiters named alike do not share their buckets")
 	}
+}
+
+// mustKey returns kf, failing the process on err: for KeyFuncs built from
+// arguments known to be good.
+func mustKey(kf keyfuncs.KeyFunc, err error) keyfuncs.KeyFunc {
+	if err != nil {
+		panic(err)
+	}
+	return kf
 }

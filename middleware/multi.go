@@ -72,9 +72,6 @@ type Multi struct {
 
 type plan struct {
 	policies []policy
-	// addr is the first policy whose KeyFunc keys by the client's address
-	// (the allow-list reads it from that policy's subject), or -1.
-	addr int
 }
 
 type policy struct {
@@ -126,7 +123,7 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 				return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
 			}
 		}
-		p := &plan{addr: -1}
+		p := &plan{}
 		for _, pol := range pols {
 			q, err := m.policy(tier, pol)
 			if err != nil {
@@ -134,9 +131,6 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 			}
 			if slices.ContainsFunc(p.policies, func(o policy) bool { return o.name == q.name }) {
 				return nil, fmt.Errorf("middleware: tier %q: two policies named %q", tier, q.name)
-			}
-			if p.addr < 0 && keyfuncs.KeysByAddress(q.key) {
-				p.addr = len(p.policies)
 			}
 			p.policies = append(p.policies, q)
 		}
@@ -159,9 +153,6 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	}
 	if strings.Contains(name, "/") {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: '/' is not allowed (it separates tier and policy)", tier, name)
-	}
-	if err := keyfuncs.ConfigError(p.Key); err != nil {
-		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: Key: %w", tier, name, err)
 	}
 	q := policy{name: name, event: name, limit: p.Limit, key: p.Key, prefix: name + ":{", problem: problemDocument(name)}
 	if tier != "" {
@@ -209,9 +200,6 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 	}
 	allowed, resolved := c.allowedResolved(r)
-	if !resolved && p.addr < 0 {
-		allowed, resolved = c.allowedPeer(r), true // no subject names an address
-	}
 	if (c.skip != nil && c.skip(r)) || allowed {
 		l.observe(Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
@@ -223,27 +211,38 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	reqs := make([]store.Request, len(p.policies))
 	subjects := make([]string, len(p.policies))
+	kr, slot := slotted(r, resolved)
 	for i := range p.policies {
 		pol := &p.policies[i]
 		if cost < 0 || cost > pol.limit.Burst {
 			l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, cost, pol.limit.Burst))
 			return
 		}
-		subject, err := pol.key(r)
+		subject, err := pol.key(kr)
 		if err == nil && subject == "" {
 			err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
+		}
+		if err != nil && !resolved && c.allowedAt(r, *slot) { // an allow-listed client needs no key
+			l.observe(Event{Kind: EventSkipped})
+			next.ServeHTTP(w, r)
+			return
 		}
 		if err != nil {
 			l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", pol.name, err))
 			return
 		}
-		if (c.allowKeys != nil && c.allowKeys[subject]) || (i == p.addr && !resolved && c.allowedBySubject(r, subject)) {
+		if c.allowKeys != nil && c.allowKeys[subject] {
 			l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
 			next.ServeHTTP(w, r)
 			return
 		}
 		subjects[i] = subject
 		reqs[i] = store.Request{Key: pol.prefix + subject + "}", Limit: pol.limit, Cost: cost}
+	}
+	if !resolved && c.allowedAt(r, *slot) {
+		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subjects[0])})
+		next.ServeHTTP(w, r)
+		return
 	}
 
 	start := time.Now()

@@ -142,9 +142,6 @@ func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 		if fn == nil {
 			return errors.New("WithKeyFunc: nil KeyFunc")
 		}
-		if err := keyfuncs.ConfigError(fn); err != nil {
-			return fmt.Errorf("WithKeyFunc: %w", err)
-		}
 		c.keyFunc = fn
 		return nil
 	}
@@ -457,13 +454,15 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 // skipped.
 //
 // The client's address is the one [keyfuncs.ClientIPMiddleware] resolved;
-// else, when the key function keys by address ([keyfuncs.KeysByAddress]:
-// [keyfuncs.ClientIP], [keyfuncs.PeerIP], …, alone or first in
-// [keyfuncs.Join]), the address it found through the trusted proxies, or the prefix it grouped it in, which
-// an entry must then hold whole (an IPv6 client keyed by its /64 is not
-// matched by a /128 entry); else the TCP peer. Behind a load balancer,
-// key by ClientIP or run ClientIPMiddleware: with any other key function an
-// entry is matched against the balancer's address.
+// else the one the key function resolved through the trusted proxies
+// ([keyfuncs.ClientIP] or [keyfuncs.ClientIPFromContext], alone, in
+// [keyfuncs.Join] or in a function of your own: they record it in the
+// request's [keyfuncs.WithAddressSlot]); else the TCP peer. The address is
+// matched whole, however the key groups it. Behind a load balancer, key by
+// ClientIP or run ClientIPMiddleware: with any other key function an entry
+// is matched against the balancer's address. An allow-listed client needs
+// no key; when the key function does not read the peer, it runs first (the
+// request is copied to carry the slot).
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -521,16 +520,12 @@ func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 //
 //  1. the address keyfuncs.ClientIPMiddleware resolved (allowedResolved,
 //     before the key is built);
-//  2. the subject, when the key function keys by address (see
-//     keyfuncs.KeysByAddress: PeerIP, PeerIPPrefix, ClientIP,
-//     ClientIPFromContext, alone or first in a Join; never a subject that
-//     merely looks like "ip:…", which a client may have written): the
-//     address the key function resolved through trusted proxies, or the
-//     prefix it grouped it in, which an entry must hold whole — unless the
-//     prefix holds the TCP peer, which is then the client (step 3);
-//  3. the TCP peer, RemoteAddr, matched before the key function runs when
-//     no key function keys by address (so an allow-listed peer needs no
-//     key).
+//  2. the address the key function resolved through the trusted proxies,
+//     recorded in the request's address slot (keyfuncs.WithAddressSlot) by
+//     ClientIP or ClientIPFromContext, alone, in a Join or in a function of
+//     the app's own — never a subject that merely looks like "ip:…", which
+//     a client may have written;
+//  3. the TCP peer, RemoteAddr.
 //
 // So an entry behind a load balancer matches the client that ClientIP
 // finds, not the balancer, which would let every client through.
@@ -546,15 +541,25 @@ func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if !ok {
 		return false, false
 	}
-	return c.allowedPrefix(netip.PrefixFrom(a.Unmap().WithZone(""), a.Unmap().BitLen())), true
+	return c.allowedAddr(a), true
 }
 
-// allowedBySubject reports whether the client of r, whose key function
-// returned subject and keys by address (keyfuncs.KeysByAddress), is
-// allow-listed, for a request that allowedResolved did not know.
-func (c *config) allowedBySubject(r *http.Request, subject string) bool {
-	if p, ok := subjectPrefix(subject); ok && !p.Contains(peerAddr(r)) {
-		return c.allowedPrefix(p)
+// slotted returns r with an address slot for its key functions to fill
+// (see allowedAt), unless the allow-list was decided already (known): only
+// then does it allocate.
+func slotted(r *http.Request, known bool) (*http.Request, *netip.Addr) {
+	if known {
+		return r, nil
+	}
+	slot := new(netip.Addr)
+	return r.WithContext(keyfuncs.WithAddressSlot(r.Context(), slot)), slot
+}
+
+// allowedAt reports whether the client of r is allow-listed: the address a
+// key function recorded in slot, else the TCP peer.
+func (c *config) allowedAt(r *http.Request, slot netip.Addr) bool {
+	if slot.IsValid() {
+		return c.allowedAddr(slot)
 	}
 	return c.allowedPeer(r)
 }
@@ -575,7 +580,13 @@ func peerAddr(r *http.Request) netip.Addr {
 // allowedPeer reports whether r's TCP peer is allow-listed.
 func (c *config) allowedPeer(r *http.Request) bool {
 	a := peerAddr(r)
-	return a.IsValid() && c.allowedPrefix(netip.PrefixFrom(a, a.BitLen()))
+	return a.IsValid() && c.allowedAddr(a)
+}
+
+// allowedAddr reports whether a is allow-listed.
+func (c *config) allowedAddr(a netip.Addr) bool {
+	a = a.Unmap().WithZone("")
+	return c.allowedPrefix(netip.PrefixFrom(a, a.BitLen()))
 }
 
 // allowedPrefix reports whether an allow-listed network holds all of p.
@@ -586,29 +597,4 @@ func (c *config) allowedPrefix(p netip.Prefix) bool {
 		}
 	}
 	return false
-}
-
-// subjectPrefix returns the address, or the prefix, that a subject keyed
-// by address names: "ip:192.0.2.1", "ip:2001:db8:1:2::/64", alone or as
-// the first part of a keyfuncs.Join ("ip:192.0.2.1|route:…").
-func subjectPrefix(subject string) (netip.Prefix, bool) {
-	rest, ok := strings.CutPrefix(subject, "ip:")
-	if !ok {
-		return netip.Prefix{}, false
-	}
-	if i := strings.IndexByte(rest, '|'); i >= 0 {
-		rest = rest[:i]
-	}
-	if strings.Contains(rest, "/") {
-		p, err := netip.ParsePrefix(rest)
-		if err != nil || p.Addr().Is4In6() || p.Addr().Zone() != "" {
-			return netip.Prefix{}, false
-		}
-		return p.Masked(), true
-	}
-	a, err := netip.ParseAddr(rest)
-	if err != nil || a.Is4In6() || a.Zone() != "" {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(a, a.BitLen()), true
 }

@@ -82,9 +82,13 @@ func newRouter(st store.Store) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	byUser, err := keyfuncs.User(userID)
+	if err != nil {
+		return nil, err
+	}
 	perUser, err := tollgate.New(st, store.PerMinute(60),
 		tollgate.WithName("user"),
-		tollgate.WithKeyFunc(keyfuncs.User(userID)),
+		tollgate.WithKeyFunc(byUser),
 	)
 	if err != nil {
 		return nil, err

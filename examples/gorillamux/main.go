@@ -66,9 +66,13 @@ func newRouter(st store.Store) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	byKey, err := keyfuncs.Header("X-API-Key")
+	if err != nil {
+		return nil, err
+	}
 	perKey, err := middleware.New(st, store.PerMinute(10),
 		middleware.WithName("apikey"),
-		middleware.WithKeyFunc(keyfuncs.Header("X-API-Key")),
+		middleware.WithKeyFunc(byKey),
 		middleware.WithKeyErrorHandler(keyError),
 	)
 	if err != nil {
