@@ -215,7 +215,7 @@ func TestFailLocalHoldsShare(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 		t.Cleanup(func() { rdb.Close() })
 		l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
-			middleware.WithFailurePolicy(middleware.FailLocal), middleware.WithReplicas(4),
+			middleware.WithFailurePolicy(middleware.FailLocalShare(4)),
 			middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
 			middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))))
 		h := l.Handler(okHandler)

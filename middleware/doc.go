@@ -18,7 +18,7 @@
 //     never a 429 that would invite a retry), see [WithKeyErrorHandler];
 //   - the store failed or timed out: the [FailurePolicy] decides, [FailOpen]
 //     (serve, the default), [FailClosed] (503 with Retry-After) or
-//     [FailLocal] (an in-process share of the limit, see [WithReplicas]).
+//     [FailLocal] (an in-process share of the limit, see [FailLocalShare]).
 //
 // A circuit breaker ([WithBreaker]) stops calling a store that keeps
 // failing and lets one probe through after a cooldown, so a dead Redis

@@ -76,10 +76,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	l.cfg = config{
 		timeout:         DefaultTimeout,
 		policy:          FailOpen,
-		failStatus:      http.StatusServiceUnavailable,
-		failRetryAfter:  time.Second,
 		profile:         headers.Default,
-		replicas:        1,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
 	}
@@ -122,15 +119,15 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.bound && l.cfg.breakerFailures > 0 {
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
-	if l.cfg.policy == FailLocal {
+	if l.cfg.policy.kind == failLocal {
 		// The same rate over n times the period: exactly 1/n of it.
 		l.localLimit = store.Limit{
 			Rate:   limit.Rate,
-			Period: limit.Period * time.Duration(l.cfg.replicas),
-			Burst:  max(1, limit.Burst/l.cfg.replicas),
+			Period: limit.Period * time.Duration(l.cfg.policy.replicas),
+			Burst:  max(1, limit.Burst/l.cfg.policy.replicas),
 		}
 		if err := l.localLimit.Validate(); err != nil {
-			return nil, fmt.Errorf("middleware: WithReplicas(%d): %w", l.cfg.replicas, err)
+			return nil, fmt.Errorf("middleware: FailLocalShare(%d): %w", l.cfg.policy.replicas, err)
 		}
 		// No sweeper goroutine, so nothing to close: full buckets are
 		// dropped as they are read and when a shard is at capacity.
@@ -333,11 +330,11 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		l.observe(Event{Kind: EventError, KeyClass: KeyClass(subject), Cost: cost, Latency: d.latency, Err: err})
 		l.observe(Event{Kind: EventFallback, KeyClass: KeyClass(subject), Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		switch {
-		case c.policy == FailClosed && !c.dryRun:
+		case c.policy.kind == failClosed && !c.dryRun:
 			keyBufs.Put(kb)
 			l.refuseFailed(w)
 			return
-		case c.policy == FailLocal:
+		case c.policy.kind == failLocal:
 			res, err = l.local.TakeBytes(r.Context(), key, l.localLimit, cost)
 			d.local, d.refundKey = true, "" // nothing to give back to the store
 		}
@@ -633,12 +630,13 @@ func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next htt
 // refuseFailed answers a request refused by FailClosed.
 func (l *Limiter) refuseFailed(w http.ResponseWriter) {
 	h := w.Header()
-	if l.cfg.failRetryAfter > 0 {
-		headers.WriteRetryAfter(h, l.cfg.failRetryAfter)
+	if p := l.cfg.policy; p.retryAfter > 0 {
+		headers.WriteRetryAfter(h, p.retryAfter)
 	}
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(l.cfg.failStatus)
-	w.Write([]byte(strconv.Itoa(l.cfg.failStatus) + " " + http.StatusText(l.cfg.failStatus) + ": rate limiter unavailable\n"))
+	status := l.cfg.policy.status
+	w.WriteHeader(status)
+	w.Write([]byte(strconv.Itoa(status) + " " + http.StatusText(status) + ": rate limiter unavailable\n"))
 }

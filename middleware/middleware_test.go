@@ -461,13 +461,14 @@ func TestNewValidates(t *testing.T) {
 		"nil store":       {nil, store.PerSecond(1), nil},
 		"invalid limit":   {m, store.Limit{Rate: 0, Period: time.Second, Burst: 1}, nil},
 		"zero timeout":    {m, store.PerSecond(1), []middleware.Option{middleware.WithTimeout(0)}},
-		"unknown policy":  {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(42)}},
+		"negative retry":  {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosedWith(503, -time.Second))}},
 		"empty name":      {m, store.PerSecond(1), []middleware.Option{middleware.WithName("")}},
 		"control in name": {m, store.PerSecond(1), []middleware.Option{middleware.WithName("a\nb")}},
 		"brace in name":   {m, store.PerSecond(1), []middleware.Option{middleware.WithName("a}b")}},
 		"colon in name":   {m, store.PerSecond(1), []middleware.Option{middleware.WithName("x:ip")}},
 		"nil key func":    {m, store.PerSecond(1), []middleware.Option{middleware.WithKeyFunc(nil)}},
-		"bad status":      {m, store.PerSecond(1), []middleware.Option{middleware.WithFailClosedResponse(200, time.Second)}},
+		"bad status":      {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosedWith(200, time.Second))}},
+		"no replicas":     {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailLocalShare(0))}},
 		"two X modes":     {m, store.PerSecond(1), []middleware.Option{middleware.WithHeaders(headers.XRateLimitEpoch | headers.XRateLimitDelta)}},
 	} {
 		if l, err := middleware.New(tc.s, tc.lim, tc.opts...); err == nil || l != nil {

@@ -162,15 +162,14 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	if q.key == nil {
 		q.key = m.base.cfg.keyFunc
 	}
-	c := &m.base.cfg
-	q.local = store.Limit{
-		Rate:   p.Limit.Rate,
-		Period: p.Limit.Period * time.Duration(c.replicas),
-		Burst:  max(1, p.Limit.Burst/c.replicas),
-	}
-	if c.policy == FailLocal {
+	if c := &m.base.cfg; c.policy.kind == failLocal {
+		q.local = store.Limit{
+			Rate:   p.Limit.Rate,
+			Period: p.Limit.Period * time.Duration(c.policy.replicas),
+			Burst:  max(1, p.Limit.Burst/c.policy.replicas),
+		}
 		if err := q.local.Validate(); err != nil {
-			return policy{}, fmt.Errorf("middleware: WithReplicas(%d): %w", c.replicas, err)
+			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", c.policy.replicas, err)
 		}
 	}
 	return q, nil
@@ -263,10 +262,10 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			m.observe(&p.policies[i], Event{Kind: EventFallback, KeyClass: KeyClass(subjects[i]), Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		}
 		switch {
-		case c.policy == FailClosed && !c.dryRun:
+		case c.policy.kind == failClosed && !c.dryRun:
 			l.refuseFailed(w)
 			return
-		case c.policy == FailLocal:
+		case c.policy.kind == failLocal:
 			localReqs := slices.Clone(reqs)
 			for i := range localReqs {
 				localReqs[i].Limit = p.policies[i].local

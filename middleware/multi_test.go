@@ -647,3 +647,29 @@ func TestAllowListedPeerNeedsNoKey(t *testing.T) {
 		}
 	}
 }
+
+// FailClosed refuses with 503 and Retry-After 1 when the store fails;
+// FailClosedWith chooses the status and Retry-After (0: none).
+func TestFailClosedResponse(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	m := store.NewMemory()
+	defer m.Close()
+	for _, tc := range []struct {
+		p      middleware.FailurePolicy
+		status int
+		retry  string
+	}{
+		{middleware.FailClosed, 503, "1"},
+		{middleware.FailClosedWith(429, 5*time.Second), 429, "5"},
+		{middleware.FailClosedWith(503, 0), 503, ""},
+	} {
+		l := mustNew(t, &failingStore{Store: m, fail: &fail}, store.PerSecond(10),
+			middleware.WithFailurePolicy(tc.p), middleware.WithBreaker(0, 0))
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != tc.status || w.Header().Get("Retry-After") != tc.retry {
+			t.Errorf("%v: %d, Retry-After %q; want %d, %q", tc.p, w.Code, w.Header().Get("Retry-After"), tc.status, tc.retry)
+		}
+	}
+}

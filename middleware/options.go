@@ -20,35 +20,78 @@ import (
 const DefaultTimeout = 100 * time.Millisecond
 
 // FailurePolicy says what happens to a request when the store cannot decide
-// it (an error, or no answer within the timeout).
-type FailurePolicy int
+// it (an error, or no answer within the timeout), with its parameters:
+// [FailOpen], [FailClosed] (or [FailClosedWith]) or [FailLocal] (or
+// [FailLocalShare]). Its zero value is FailOpen.
+type FailurePolicy struct {
+	kind       failKind
+	replicas   int           // FailLocal: servers sharing the limit
+	status     int           // FailClosed: the status of a refusal
+	retryAfter time.Duration // FailClosed: its Retry-After; 0 omits it
+	err        error         // an unusable parameter, for WithFailurePolicy
+}
+
+type failKind uint8
 
 const (
-	// FailOpen serves the request without limiting it and without rate-limit
-	// headers. It is the default: an ordinary API stays up when Redis is down.
-	FailOpen FailurePolicy = iota
-	// FailClosed refuses the request, by default with 503 Service
-	// Unavailable and Retry-After: 1 (see [WithFailClosedResponse]). Use it
-	// where letting traffic through unlimited is worse than refusing it, such
-	// as a login endpoint.
-	FailClosed
-	// FailLocal decides on an in-process Memory store, under the limit
-	// divided by the replica count (see [WithReplicas]): each server keeps
-	// about its share of the limit while the shared store is down, and the
-	// shared store decides again once it answers.
-	FailLocal
+	failOpen failKind = iota
+	failClosed
+	failLocal
 )
 
+var (
+	// FailOpen serves the request without limiting it and without rate-limit
+	// headers. It is the default: an ordinary API stays up when Redis is down.
+	FailOpen = FailurePolicy{}
+	// FailClosed refuses the request with 503 Service Unavailable and
+	// Retry-After: 1 ([FailClosedWith] chooses them). Use it where letting
+	// traffic through unlimited is worse than refusing it, such as a login
+	// endpoint.
+	FailClosed = FailurePolicy{kind: failClosed, status: http.StatusServiceUnavailable, retryAfter: time.Second}
+	// FailLocal decides on an in-process Memory store, under the whole limit
+	// ([FailLocalShare] divides it among servers): each server keeps about
+	// its share of the limit while the shared store is down, and the shared
+	// store decides again once it answers.
+	FailLocal = FailurePolicy{kind: failLocal, replicas: 1}
+)
+
+// FailClosedWith is [FailClosed] refusing with status (400 to 599) and
+// Retry-After retryAfter (rounded up to whole seconds; 0 omits the header).
+// Other values are an error of [WithFailurePolicy].
+func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
+	p := FailurePolicy{kind: failClosed, status: status, retryAfter: retryAfter}
+	switch {
+	case status < 400 || status > 599:
+		p.err = fmt.Errorf("FailClosedWith: status %d is not an error status", status)
+	case retryAfter < 0:
+		p.err = fmt.Errorf("FailClosedWith: negative Retry-After %v", retryAfter)
+	}
+	return p
+}
+
+// FailLocalShare is [FailLocal] for a limit shared by replicas servers: each
+// then allows 1/replicas of the rate and of the burst (at least 1 token) on
+// its own while the shared store is down. Below 1, it is an error of
+// [WithFailurePolicy].
+func FailLocalShare(replicas int) FailurePolicy {
+	p := FailurePolicy{kind: failLocal, replicas: replicas}
+	if replicas < 1 {
+		p.err = fmt.Errorf("FailLocalShare: %d replicas: at least 1", replicas)
+	}
+	return p
+}
+
+// String returns the policy's name: "FailOpen", "FailClosed" or "FailLocal".
 func (p FailurePolicy) String() string {
-	switch p {
-	case FailOpen:
+	switch p.kind {
+	case failOpen:
 		return "FailOpen"
-	case FailClosed:
+	case failClosed:
 		return "FailClosed"
-	case FailLocal:
+	case failLocal:
 		return "FailLocal"
 	}
-	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+	return fmt.Sprintf("FailurePolicy(%d)", p.kind)
 }
 
 // Decision is what a limiter decided for one request, as given to hooks.
@@ -69,8 +112,6 @@ type config struct {
 	cost            func(*http.Request) int
 	timeout         time.Duration
 	policy          FailurePolicy
-	failStatus      int
-	failRetryAfter  time.Duration
 	denied          func(http.ResponseWriter, *http.Request, store.Result)
 	keyError        func(http.ResponseWriter, *http.Request, error)
 	skip            func(*http.Request) bool
@@ -81,7 +122,6 @@ type config struct {
 	onDenied        func(*http.Request, Decision)
 	onError         func(*http.Request, error)
 	timeoutExplicit bool
-	replicas        int
 	breakerFailures int
 	breakerCooldown time.Duration
 	onBreaker       func(name string, from, to BreakerState)
@@ -177,26 +217,17 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithFailurePolicy sets what happens when the store cannot decide (default
-// [FailOpen]): [FailOpen], [FailClosed] or [FailLocal].
+// [FailOpen]): FailOpen, [FailClosed], [FailClosedWith], [FailLocal] or
+// [FailLocalShare].
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) error {
-		if p != FailOpen && p != FailClosed && p != FailLocal {
+		if p.err != nil {
+			return fmt.Errorf("WithFailurePolicy: %w", p.err)
+		}
+		if p.kind > failLocal {
 			return fmt.Errorf("WithFailurePolicy: unknown policy %v", p)
 		}
 		c.policy = p
-		return nil
-	}
-}
-
-// WithReplicas sets how many servers share the limit, for [FailLocal]
-// (default 1): each server then allows 1/n of the rate and of the burst
-// (at least 1 token) on its own while the shared store is down.
-func WithReplicas(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("WithReplicas: %d: at least 1", n)
-		}
-		c.replicas = n
 		return nil
 	}
 }
@@ -283,22 +314,6 @@ func WithOnBreaker(fn func(name string, from, to BreakerState)) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		c.logger, c.loggerSet = l, true
-		return nil
-	}
-}
-
-// WithFailClosedResponse sets the status (default 503) and Retry-After
-// (default 1s, rounded up to whole seconds; 0 omits the header) of requests
-// refused by [FailClosed].
-func WithFailClosedResponse(status int, retryAfter time.Duration) Option {
-	return func(c *config) error {
-		if status < 400 || status > 599 {
-			return fmt.Errorf("WithFailClosedResponse: status %d is not an error status", status)
-		}
-		if retryAfter < 0 {
-			return fmt.Errorf("WithFailClosedResponse: negative Retry-After %v", retryAfter)
-		}
-		c.failStatus, c.failRetryAfter = status, retryAfter
 		return nil
 	}
 }
