@@ -34,7 +34,7 @@ var faultOK = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 
 func faultLimiter(t *testing.T, s store.Store, lim store.Limit, opts ...middleware.Option) http.Handler {
 	t.Helper()
-	l, err := middleware.New(s, lim, append([]middleware.Option{middleware.WithLogger(nil)}, opts...)...)
+	l, err := middleware.New(s, lim, append([]middleware.Option{quiet}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -48,17 +47,19 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	var logged bytes.Buffer
 	var logMu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logged, mu: &logMu}, nil))
-	l := mustNew(t, fs, store.PerSecond(1000), middleware.WithBreaker(3, 100*time.Millisecond), middleware.WithLogger(logger),
-		middleware.WithOnBreaker(func(name string, from, to middleware.BreakerState) {
-			mu.Lock()
-			transitions = append(transitions, from.String()+"->"+to.String())
-			mu.Unlock()
-		}),
-		middleware.WithOnError(func(_ *http.Request, err error) {
-			if errors.Is(err, middleware.ErrBreakerOpen) {
+	logs := middleware.SlogObserver(logger)
+	l := mustNew(t, fs, store.PerSecond(1000), middleware.WithBreaker(3, 100*time.Millisecond),
+		middleware.WithObserver(middleware.ObserverFunc(func(e middleware.Event) {
+			switch {
+			case e.Kind == middleware.EventBreaker:
+				logs.Observe(e)
+				mu.Lock()
+				transitions = append(transitions, e.From.String()+"->"+e.To.String())
+				mu.Unlock()
+			case e.Kind == middleware.EventError && errors.Is(e.Err, middleware.ErrBreakerOpen):
 				breakerErrs.Add(1)
 			}
-		}))
+		})))
 	h := l.Handler(okHandler)
 	serve := func() int {
 		w := httptest.NewRecorder()
@@ -93,8 +94,8 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 		t.Errorf("closed again: %d calls, want 6", got)
 	}
 	logMu.Lock()
-	if n := strings.Count(logged.String(), "tollgate: circuit breaker"); n != 5 ||
-		!strings.Contains(logged.String(), "level=WARN msg=\"tollgate: circuit breaker open\" limiter="+l.Name()+" from=closed to=open") {
+	if n := strings.Count(logged.String(), "tollgate breaker"); n != 5 ||
+		!strings.Contains(logged.String(), "level=WARN msg=\"tollgate breaker\" limiter="+l.Name()+" event=breaker from=closed to=open") {
 		t.Errorf("slog got %d transitions:\n%s", n, logged.String())
 	}
 	logMu.Unlock()
@@ -154,7 +155,7 @@ func TestRedisHungFailOpen(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	const budget = 50 * time.Millisecond
 	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), store.PerMinute(1000),
-		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), middleware.WithLogger(nil),
+		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), quiet,
 		middleware.WithKeyFunc(mustKey(keyfuncs.Static("hung"))))
 	h := l.Handler(okHandler)
 	serve := func() (int, string, time.Duration) {
@@ -216,7 +217,7 @@ func TestFailLocalHoldsShare(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		l := mustNew(t, store.NewRedis(rdb), lim, middleware.WithName("api"),
 			middleware.WithFailurePolicy(middleware.FailLocalShare(4)),
-			middleware.WithTimeout(20*time.Millisecond), middleware.WithLogger(nil),
+			middleware.WithTimeout(20*time.Millisecond), quiet,
 			middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))))
 		h := l.Handler(okHandler)
 		allowed, denied := 0, 0

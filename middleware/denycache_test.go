@@ -93,9 +93,9 @@ func TestDenyCacheHeadersAsStore(t *testing.T) {
 	var deniedHooks [2]atomic.Int64
 	var handlerCalls [2]atomic.Int64
 	hook := func(i int) middleware.Option {
-		return middleware.WithOnDenied(func(_ *http.Request, d middleware.Decision) {
-			if d.Key != "client" || d.Cost < 1 || d.Result.Allowed || d.DryRun {
-				t.Errorf("limiter %d: denied hook got %+v", i, d)
+		return on(middleware.EventDenied, func(e middleware.Event) {
+			if e.Key != "client" || e.Cost < 1 || e.Result.Allowed || e.DryRun {
+				t.Errorf("limiter %d: denied event %+v", i, e)
 			}
 			deniedHooks[i].Add(1)
 		})
@@ -308,7 +308,7 @@ func TestDenyCacheSingleProbe(t *testing.T) {
 			gs := &gateStore{Store: store.NewMemory(store.WithClock(ft.wall), store.WithSweepInterval(0)),
 				entered: make(chan struct{}), release: make(chan struct{})}
 			l := mustNew(t, gs, lim, middleware.WithName("api"), middleware.WithDenyCache(10),
-				middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithBreaker(0, 0), middleware.WithLogger(nil))
+				middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithBreaker(0, 0), quiet)
 			middleware.SetDenyCacheClock(l, ft.now)
 			h := l.Handler(okHandler)
 			serveCost(h, 1)
@@ -430,7 +430,7 @@ func flood(t *testing.T, st store.Store, name string, opts ...middleware.Option)
 	t.Helper()
 	cs := &countingStore{Store: st}
 	l := mustNew(t, cs, floodLimit, append([]middleware.Option{middleware.WithName(name),
-		middleware.WithKeyFunc(mustKey(keyfuncs.Static("flood"))), middleware.WithLogger(nil)}, opts...)...)
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("flood"))), quiet}, opts...)...)
 	h := l.Handler(okHandler)
 	var res floodResult
 	checked := false

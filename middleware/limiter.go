@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
 	"math/bits"
 	"net/http"
 	"runtime"
@@ -21,7 +20,7 @@ import (
 )
 
 // ErrCostOutOfRange is wrapped by the error given to the key-error handler
-// and the error hook when a request's cost is below 0 or above the limit's
+// and the Observer's EventError when a request's cost is below 0 or above the limit's
 // Burst.
 var ErrCostOutOfRange = errors.New("middleware: cost out of range")
 
@@ -36,7 +35,7 @@ type Limiter struct {
 	bound  bool          // apply cfg.timeout to store calls
 	mem    *store.Memory // the store, if a Memory: decided on the key's bytes
 	peerIP bool          // the KeyFunc is keyfuncs.PeerIP; see appendKey
-	hooks  bool          // a hook needs the subject as a string
+	hooks  bool          // the observer or the allow-list needs the subject as a string
 	brk    *breaker      // nil: no breaker
 	local  *store.Memory
 	// localLimit is the limit divided among replicas, for FailLocal.
@@ -98,7 +97,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.peerIP = l.cfg.keyFunc == nil; l.peerIP { // the default, PeerIP: see appendKey
 		l.cfg.keyFunc = keyfuncs.PeerIP
 	}
-	l.hooks = l.cfg.onAllowed != nil || l.cfg.onDenied != nil || l.cfg.observer != nil || l.cfg.allowKeys != nil
+	l.hooks = l.cfg.observer != nil || l.cfg.allowKeys != nil
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
@@ -112,9 +111,6 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	}
 	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {
 		l.deny = newDenyCache(l.cfg.denyKeys)
-	}
-	if !l.cfg.loggerSet {
-		l.cfg.logger = slog.Default()
 	}
 	if l.bound && l.cfg.breakerFailures > 0 {
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
@@ -136,7 +132,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// ErrBreakerOpen is wrapped by the error given to the error hook for a
+// ErrBreakerOpen is wrapped by the error of an EventError for a
 // decision that took the failure policy because the circuit breaker is open.
 var ErrBreakerOpen = errors.New("middleware: circuit breaker open")
 
@@ -149,21 +145,14 @@ func (l *Limiter) BreakerState() BreakerState {
 	return BreakerState(l.brk.state.Load())
 }
 
+// breakerChanged reports a transition to the Observer, or without one to
+// slog.Default, as SlogObserver would.
 func (l *Limiter) breakerChanged(from, to BreakerState) {
-	if lg := l.cfg.logger; lg != nil {
-		level := slog.LevelInfo
-		if to == BreakerOpen {
-			level = slog.LevelWarn
-		}
-		lg.Log(context.Background(), level, "tollgate: circuit breaker "+to.String(),
-			"limiter", l.cfg.name, "from", from.String(), "to", to.String())
+	o := l.cfg.observer
+	if o == nil {
+		o = SlogObserver(nil)
 	}
-	if l.cfg.onBreaker != nil {
-		l.cfg.onBreaker(l.cfg.name, from, to)
-	}
-	if o := l.cfg.observer; o != nil {
-		o.Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
-	}
+	o.Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
 }
 
 // DefaultName is what a limiter's default name starts with: "<rate>-per-<period>",
@@ -266,7 +255,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		allowed, resolved = c.allowedPeer(r), true // the default key: the peer
 	}
 	if (c.skip != nil && c.skip(r)) || allowed {
-		l.observe(Event{Kind: EventSkipped})
+		l.observe(r, Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -278,7 +267,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if !resolved && c.allowedAt(r, *slot) { // an allow-listed client needs no key
 		keyBufs.Put(kb)
-		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
+		l.observe(r, Event{Kind: EventSkipped, Key: subject})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -301,7 +290,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if c.allowKeys != nil && c.allowKeys[subject] {
 		keyBufs.Put(kb)
-		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
+		l.observe(r, Event{Kind: EventSkipped, Key: subject})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -324,11 +313,8 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 		l.storeErrors.Add(1)
 		err = fmt.Errorf("middleware: %s: %w", c.name, err)
-		if c.onError != nil {
-			c.onError(r, err)
-		}
-		l.observe(Event{Kind: EventError, KeyClass: KeyClass(subject), Cost: cost, Latency: d.latency, Err: err})
-		l.observe(Event{Kind: EventFallback, KeyClass: KeyClass(subject), Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
+		l.observe(r, Event{Kind: EventError, Key: subject, Cost: cost, Latency: d.latency, Err: err})
+		l.observe(r, Event{Kind: EventFallback, Key: subject, Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		switch {
 		case c.policy.kind == failClosed && !c.dryRun:
 			keyBufs.Put(kb)
@@ -359,10 +345,10 @@ type decision struct {
 }
 
 // observe sends e, from this limiter, to the observer if there is one.
-func (l *Limiter) observe(e Event) {
+func (l *Limiter) observe(r *http.Request, e Event) {
 	if o := l.cfg.observer; o != nil {
-		e.Limiter = l.cfg.name
-		if e.KeyClass == "" && e.Kind != EventBreaker {
+		e.Limiter, e.Request, e.KeyClass = l.cfg.name, r, KeyClass(e.Key)
+		if e.Key == "" {
 			e.KeyClass = "none"
 		}
 		o.Observe(e)
@@ -378,7 +364,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		if !res.Allowed {
 			kind = EventDenied
 		}
-		l.observe(Event{Kind: kind, KeyClass: KeyClass(subject), Cost: cost, Latency: d.latency,
+		l.observe(r, Event{Kind: kind, Key: subject, Cost: cost, Latency: d.latency,
 			Result: res, Local: d.local, DryRun: c.dryRun})
 	}
 	var now time.Time // read only where a header needs the wall clock
@@ -388,12 +374,6 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	if res.Allowed || c.dryRun {
 		if l.hdr != nil { // nil in dry-run mode
 			l.hdr.Write(w.Header(), l.quota(res), now)
-		}
-		if res.Allowed && c.onAllowed != nil {
-			c.onAllowed(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res, DryRun: c.dryRun})
-		}
-		if !res.Allowed && c.onDenied != nil {
-			c.onDenied(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res, DryRun: true})
 		}
 		if d.refundKey != "" && res.Allowed {
 			l.serveRefunding(w, r, next, d.refundKey, cost)
@@ -407,9 +387,6 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		l.hdr.WriteDenied(h, l.quota(res), res.RetryAfter, now)
 	} else {
 		headers.WriteRetryAfter(h, res.RetryAfter)
-	}
-	if c.onDenied != nil {
-		c.onDenied(r, Decision{Limiter: c.name, Key: subject, Cost: cost, Result: res})
 	}
 	if c.denied != nil {
 		h["Cache-Control"] = []string{"no-store"} // the canonical key Header.Set would compute
@@ -605,10 +582,7 @@ func problemDocument(policy string) []byte {
 // mode, which never refuses.
 func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
-	if l.cfg.onError != nil {
-		l.cfg.onError(r, err)
-	}
-	l.observe(Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})
+	l.observe(r, Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})
 	if l.cfg.dryRun {
 		next.ServeHTTP(w, r)
 		return

@@ -175,7 +175,7 @@ func TestStoreFailure(t *testing.T) {
 				var errs atomic.Int64
 				l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10),
 					middleware.WithFailurePolicy(tc.policy), middleware.WithTimeout(budget),
-					middleware.WithOnError(func(*http.Request, error) { errs.Add(1) }))
+					on(middleware.EventError, func(middleware.Event) { errs.Add(1) }))
 				h := l.Handler(okHandler)
 				var worst time.Duration
 				for range 10 {
@@ -222,8 +222,8 @@ func TestKeyErrorIsNeverShared(t *testing.T) {
 	cs := &countingStore{Store: m}
 	var hooked atomic.Int64
 	l := mustNew(t, cs, store.PerMinute(1), middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-API-Key"))),
-		middleware.WithOnError(func(_ *http.Request, err error) {
-			if errors.Is(err, keyfuncs.ErrNoKey) {
+		on(middleware.EventError, func(e middleware.Event) {
+			if errors.Is(e.Err, keyfuncs.ErrNoKey) {
 				hooked.Add(1)
 			}
 		}))
@@ -274,13 +274,17 @@ func TestDryRunNeverRefuses(t *testing.T) {
 	defer m.Close()
 	var denied, allowed atomic.Int64
 	l := mustNew(t, m, store.PerMinute(3), middleware.WithDryRun(true),
-		middleware.WithOnDenied(func(_ *http.Request, d middleware.Decision) {
-			if !d.DryRun || d.Result.Allowed || !strings.HasPrefix(d.Limiter, "3-per-1m@") {
-				t.Errorf("denied decision %+v", d)
+		middleware.WithObserver(middleware.ObserverFunc(func(e middleware.Event) {
+			switch e.Kind {
+			case middleware.EventDenied:
+				if !e.DryRun || e.Result.Allowed || !strings.HasPrefix(e.Limiter, "3-per-1m@") || e.Request == nil {
+					t.Errorf("denied event %+v", e)
+				}
+				denied.Add(1)
+			case middleware.EventAllowed:
+				allowed.Add(1)
 			}
-			denied.Add(1)
-		}),
-		middleware.WithOnAllowed(func(*http.Request, middleware.Decision) { allowed.Add(1) }))
+		})))
 	h := l.Handler(okHandler)
 	for i := range 10 {
 		w := httptest.NewRecorder()
@@ -310,7 +314,7 @@ func TestDryRunServesUnrated(t *testing.T) {
 	}{{"key error", noKey}, {"cost above burst", tooDear}} {
 		var errs atomic.Int64
 		opts := []middleware.Option{middleware.WithDryRun(true), tc.opt,
-			middleware.WithOnError(func(*http.Request, error) { errs.Add(1) })}
+			on(middleware.EventError, func(middleware.Event) { errs.Add(1) })}
 		l := mustNew(t, m, store.PerMinute(3), opts...)
 		multi, err := middleware.NewMulti(m, []middleware.Policy{{Name: "p", Limit: store.PerMinute(3)}}, opts...)
 		if err != nil {
@@ -537,7 +541,7 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	var hooked atomic.Int64
 	opts := []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosed),
-		middleware.WithOnError(func(*http.Request, error) { hooked.Add(1) })}
+		on(middleware.EventError, func(middleware.Event) { hooked.Add(1) })}
 	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), opts...)
 	multi, err := middleware.NewMulti(store.NewRedis(rdb), []middleware.Policy{{Name: "p", Limit: store.PerSecond(10)}}, opts...)
 	if err != nil {
@@ -601,12 +605,12 @@ func TestStoreKeyShape(t *testing.T) {
 func TestPeerIPSubjectInHooks(t *testing.T) {
 	var got string
 	l := mustNew(t, store.NewMemory(), store.PerMinute(10),
-		middleware.WithOnAllowed(func(_ *http.Request, d middleware.Decision) { got = d.Key }))
+		on(middleware.EventAllowed, func(e middleware.Event) { got = e.Key }))
 	r := httptest.NewRequest("GET", "/", nil)
 	r.RemoteAddr = "192.0.2.1:1234"
 	l.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), r)
 	if got != "ip:192.0.2.1" {
-		t.Errorf("Decision.Key = %q, want %q", got, "ip:192.0.2.1")
+		t.Errorf("Event.Key = %q, want %q", got, "ip:192.0.2.1")
 	}
 }
 
@@ -766,3 +770,16 @@ func mustKey(kf keyfuncs.KeyFunc, err error) keyfuncs.KeyFunc {
 	}
 	return kf
 }
+
+// on is an Observer that calls fn for the events of kind.
+func on(kind middleware.EventKind, fn func(middleware.Event)) middleware.Option {
+	return middleware.WithObserver(middleware.ObserverFunc(func(e middleware.Event) {
+		if e.Kind == kind {
+			fn(e)
+		}
+	}))
+}
+
+// quiet is an Observer that drops every event: a limiter without one logs
+// its breaker's transitions.
+var quiet = middleware.WithObserver(middleware.ObserverFunc(func(middleware.Event) {}))

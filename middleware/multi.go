@@ -200,7 +200,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	allowed, resolved := c.allowedResolved(r)
 	if (c.skip != nil && c.skip(r)) || allowed {
-		l.observe(Event{Kind: EventSkipped})
+		l.observe(r, Event{Kind: EventSkipped})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -222,7 +222,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
 		}
 		if err != nil && !resolved && c.allowedAt(r, *slot) { // an allow-listed client needs no key
-			l.observe(Event{Kind: EventSkipped})
+			l.observe(r, Event{Kind: EventSkipped})
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -231,7 +231,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			return
 		}
 		if c.allowKeys != nil && c.allowKeys[subject] {
-			l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subject)})
+			l.observe(r, Event{Kind: EventSkipped, Key: subject})
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -239,7 +239,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		reqs[i] = store.Request{Key: pol.prefix + subject + "}", Limit: pol.limit, Cost: cost}
 	}
 	if !resolved && c.allowedAt(r, *slot) {
-		l.observe(Event{Kind: EventSkipped, KeyClass: KeyClass(subjects[0])})
+		l.observe(r, Event{Kind: EventSkipped, Key: subjects[0]})
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -254,12 +254,9 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		l.storeErrors.Add(1)
 		err = fmt.Errorf("middleware: %s: %w", c.name, err)
-		if c.onError != nil {
-			c.onError(r, err)
-		}
 		for i := range p.policies {
-			m.observe(&p.policies[i], Event{Kind: EventError, KeyClass: KeyClass(subjects[i]), Cost: cost, Latency: latency, Err: err})
-			m.observe(&p.policies[i], Event{Kind: EventFallback, KeyClass: KeyClass(subjects[i]), Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
+			m.observe(r, &p.policies[i], Event{Kind: EventError, Key: subjects[i], Cost: cost, Latency: latency, Err: err})
+			m.observe(r, &p.policies[i], Event{Kind: EventFallback, Key: subjects[i], Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		}
 		switch {
 		case c.policy.kind == failClosed && !c.dryRun:
@@ -306,10 +303,10 @@ func (m *Multi) takeAll(ctx context.Context, reqs []store.Request) ([]store.Resu
 	return res, err
 }
 
-func (m *Multi) observe(p *policy, e Event) {
+func (m *Multi) observe(r *http.Request, p *policy, e Event) {
 	if o := m.base.cfg.observer; o != nil {
-		e.Limiter = p.event
-		if e.KeyClass == "" {
+		e.Limiter, e.Request, e.KeyClass = p.event, r, KeyClass(e.Key)
+		if e.Key == "" {
 			e.KeyClass = "none"
 		}
 		o.Observe(e)
@@ -343,15 +340,8 @@ func (m *Multi) respond(w http.ResponseWriter, r *http.Request, next http.Handle
 		if !allowed {
 			kind = EventDenied
 		}
-		m.observe(pol, Event{Kind: kind, KeyClass: KeyClass(subjects[i]), Cost: reqs[i].Cost, Latency: latency,
+		m.observe(r, pol, Event{Kind: kind, Key: subjects[i], Cost: reqs[i].Cost, Latency: latency,
 			Result: res[i], Local: local, DryRun: c.dryRun})
-		d := Decision{Limiter: pol.name, Key: subjects[i], Cost: reqs[i].Cost, Result: res[i], DryRun: c.dryRun}
-		switch {
-		case allowed && c.onAllowed != nil:
-			c.onAllowed(r, d)
-		case !allowed && res[i].RetryAfter > 0 && c.onDenied != nil:
-			c.onDenied(r, d)
-		}
 		if !allowed && res[i].RetryAfter > retry {
 			retry, violated = res[i].RetryAfter, i
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -60,6 +61,12 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind    EventKind
 	Limiter string // the limiter's name (a policy of a tier: "api/pro")
+	// Request is the request decided (nil for EventBreaker), valid only
+	// during Observe.
+	Request *http.Request
+	// Key is the subject the key function returned ("" before it ran):
+	// unbounded, even client-chosen text, so never a metric label.
+	Key string
 	// KeyClass is the namespace of the request's key, as the key functions
 	// of package keyfuncs write it ("ip", "user", "key", "route", joined
 	// with "+" for a combination, such as "user+route"), or "other".

@@ -3,7 +3,6 @@ package middleware
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -94,15 +93,6 @@ func (p FailurePolicy) String() string {
 	return fmt.Sprintf("FailurePolicy(%d)", p.kind)
 }
 
-// Decision is what a limiter decided for one request, as given to hooks.
-type Decision struct {
-	Limiter string       // the limiter's name
-	Key     string       // the subject from the KeyFunc, without the limiter's name
-	Cost    int          // tokens asked for
-	Result  store.Result // the store's answer
-	DryRun  bool         // the limiter is in dry-run mode: a denial was not enforced
-}
-
 // Option configures a [Limiter].
 type Option func(*config) error
 
@@ -118,15 +108,9 @@ type config struct {
 	dryRun          bool
 	profile         headers.Profile
 	problemDetails  bool
-	onAllowed       func(*http.Request, Decision)
-	onDenied        func(*http.Request, Decision)
-	onError         func(*http.Request, error)
 	timeoutExplicit bool
 	breakerFailures int
 	breakerCooldown time.Duration
-	onBreaker       func(name string, from, to BreakerState)
-	logger          *slog.Logger
-	loggerSet       bool
 	denyKeys        int
 	observer        Observer
 	refund          func(*http.Request, int) bool
@@ -238,8 +222,8 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // take the failure policy at once, without calling the store, so a dead
 // Redis costs no waiting per request. After `cooldown` one decision probes
 // the store; its success closes the breaker. failures 0 disables the
-// breaker. Transitions go to [WithOnBreaker] and to the logger
-// ([WithLogger]). The breaker does not apply to a Memory store.
+// breaker. Transitions go to the [Observer] ([WithObserver]), or without one
+// to [slog.Default]. The breaker does not apply to a Memory store.
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(c *config) error {
 		if failures < 0 {
@@ -261,7 +245,7 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 // When the store denies a request of cost c on a key, the limiter records
 // when the store said c tokens would be there again (Retry-After). Until
 // then, a request on that key of cost c or more under the same limit is
-// refused locally: a 429 like the store's, with the same hooks and denied
+// refused locally: a 429 like the store's, with the same events and denied
 // handler, and headers computed from the store's answer (RateLimit r and t
 // as the store would say them, Retry-After at least 1). That is sound because
 // tokens only return with time: the store would refuse such a request too,
@@ -296,24 +280,6 @@ func WithDenyCache(maxKeys int) Option {
 			return fmt.Errorf("WithDenyCache: %d keys: must not be negative", maxKeys)
 		}
 		c.denyKeys = maxKeys
-		return nil
-	}
-}
-
-// WithOnBreaker sets a hook called on every transition of the circuit
-// breaker, with the limiter's name.
-func WithOnBreaker(fn func(name string, from, to BreakerState)) Option {
-	return func(c *config) error {
-		c.onBreaker = fn
-		return nil
-	}
-}
-
-// WithLogger sets where the limiter logs breaker transitions (default
-// [slog.Default]); nil logs nothing.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		c.logger, c.loggerSet = l, true
 		return nil
 	}
 }
@@ -362,7 +328,7 @@ func WithSkip(fn func(r *http.Request) bool) Option {
 }
 
 // WithDryRun makes the limiter decide and report every request (tokens are
-// taken, hooks run with Decision.DryRun set) but never refuse one, and write
+// taken, events reported with Event.DryRun set) but never refuse one, and write
 // no rate-limit headers: a shadow mode to try a limit on real traffic.
 func WithDryRun(on bool) Option {
 	return func(c *config) error {
@@ -396,35 +362,6 @@ func WithProblemDetails() Option {
 	}
 }
 
-// WithOnAllowed sets a hook called for every allowed request, before the
-// next handler. Hooks run on the request's goroutine: keep them fast.
-func WithOnAllowed(fn func(r *http.Request, d Decision)) Option {
-	return func(c *config) error {
-		c.onAllowed = fn
-		return nil
-	}
-}
-
-// WithOnDenied sets a hook called for every request over the limit,
-// including those let through in dry-run mode (d.DryRun).
-func WithOnDenied(fn func(r *http.Request, d Decision)) Option {
-	return func(c *config) error {
-		c.onDenied = fn
-		return nil
-	}
-}
-
-// WithOnError sets a hook called when a request cannot be decided: a KeyFunc
-// error, a cost out of range, or a store error or timeout (then followed by
-// the failure policy). The error may contain the request's key; do not show
-// it to clients.
-func WithOnError(fn func(r *http.Request, err error)) Option {
-	return func(c *config) error {
-		c.onError = fn
-		return nil
-	}
-}
-
 // WithObserver sends the limiter's events — allowed, denied, error,
 // fallback, breaker and skipped — to o, with the limiter's name, the class
 // of the key (never the key itself), the cost and the time the decision
@@ -448,7 +385,7 @@ func WithObserver(o Observer) Option {
 // whatever its successes. Tokens come back only up to the bucket's
 // capacity. A refund is one more store call, made after the handler
 // returned, under the limiter's timeout; a failed refund is reported
-// through the error hook and the observer and otherwise ignored (the
+// through the observer (EventError) and otherwise ignored (the
 // tokens stay taken: the limit errs on the strict side). The store must
 // implement [store.Refunder], as [store.Memory] and [store.Redis] do.
 func WithRefund(rule func(r *http.Request, status int) bool) Option {

@@ -82,8 +82,5 @@ func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next ht
 // taken.
 func (l *Limiter) refundFailed(r *http.Request, cost int, err error) {
 	err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
-	if l.cfg.onError != nil {
-		l.cfg.onError(r, err)
-	}
-	l.observe(Event{Kind: EventError, Cost: cost, Err: err})
+	l.observe(r, Event{Kind: EventError, Cost: cost, Err: err})
 }
