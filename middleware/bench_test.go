@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
 )
@@ -66,7 +65,7 @@ func BenchmarkBare(b *testing.B) { serveBench(b, noop) }
 func BenchmarkTollgateMemory(b *testing.B) {
 	m := store.NewMemory()
 	defer m.Close()
-	lim, err := middleware.New(m, store.PerSecond(10_000_000), middleware.WithKeyFunc(keyfuncs.PeerIP))
+	lim, err := middleware.New(m, store.PerSecond(10_000_000)) // the default key: the peer, built in place
 	if err != nil {
 		b.Fatal(err)
 	}
