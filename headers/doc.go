@@ -53,8 +53,14 @@
 // item that has its name, in place, and appends an item if there is none;
 // items of other names, including items that other code wrote with other
 // parameters, are kept as they were written. Field lines are combined as
-// RFC 9651 prescribes and written back as one line. A List field that does
-// not parse is replaced by the new item alone.
+// RFC 9651 prescribes and written back as one line. The members are found
+// without a full RFC 9651 parser: a List is kept only if each member is an
+// Item as rate limiters write them (a String or Token, or an inner list of
+// bare items, with parameters whose values are Integers, Decimals, Strings,
+// Tokens, Byte Sequences or Booleans); any other List field, one that does
+// not parse among them, is replaced by the new item alone, so that every
+// field Write leaves parses (fuzzed with a full parser, which lives in the
+// tests).
 //
 // The single-value fields can report one quota only, so they report the
 // tightest: the one with the fewest tokens remaining; on a tie, the one

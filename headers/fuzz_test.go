@@ -280,3 +280,48 @@ func checkCacheDenied(t *testing.T, p Profile, now time.Time, quotas []Quota, d 
 		}
 	}
 }
+
+// FuzzMerge writes a quota into a header whose RateLimit fields other code
+// wrote (anything at all): what Write leaves there always parses, holds
+// one item of the quota's name, and keeps every other member of a List it
+// kept; Retry-After is at least 1.
+func FuzzMerge(f *testing.F) {
+	f.Add(`"other";r=5;t=1;pk=:AQ==:, tok;r=1, (1 2);x`, `"a";q=1;w=1`, "api")
+	f.Add(`"api";r=0;t=9, "b";r=2`, "", "api")
+	f.Add(`"a, `, `,`, "a")
+	f.Fuzz(func(t *testing.T, rl, policy, name string) {
+		h := http.Header{}
+		if rl != "" {
+			h[keyRateLimit] = []string{rl}
+		}
+		if policy != "" {
+			h[keyPolicy] = []string{policy}
+		}
+		q := Quota{Name: name, Limit: 10, Rate: 5, Window: time.Second, Remaining: 0, Reset: time.Second}
+		Write(h, Draft11, q, time.Now())
+		WriteRetryAfter(h, time.Second)
+		for _, key := range []string{keyRateLimit, keyPolicy} {
+			v := h[key]
+			if len(v) != 1 {
+				t.Fatalf("%s: %d lines, want 1", key, len(v))
+			}
+			l := scanList(v[0])
+			var m member
+			mine := 0
+			for l.next(&m) {
+				if m.value.isString(name) {
+					mine++
+				}
+			}
+			if l.err != nil {
+				t.Fatalf("%s: %q does not parse: %v", key, v[0], l.err)
+			}
+			if mine != 1 {
+				t.Errorf("%s: %q holds %d items named %q, want 1", key, v[0], mine, name)
+			}
+		}
+		if s, err := strconv.Atoi(h.Get("Retry-After")); err != nil || s < 1 {
+			t.Errorf("Retry-After %q", h.Get("Retry-After"))
+		}
+	})
+}

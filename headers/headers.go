@@ -1,10 +1,12 @@
 package headers
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/bits"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,6 +106,9 @@ var (
 	draft03Keys = trioKeys{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"}
 	xKeys       = trioKeys{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
 )
+
+// sfIntegerMax is the largest RFC 9651 Integer.
+const sfIntegerMax = 999_999_999_999_999
 
 // epochThreshold tells a Unix time from delay-seconds in X-RateLimit-Reset
 // when [WriteRetryAfter] reads it back: values from 10⁹ (September 2001, or
@@ -228,20 +233,22 @@ func writeRetryAfter(h http.Header, d time.Duration, now time.Time) {
 // quota written in h has a token again, or 0.
 func exhaustedReset(h http.Header, now time.Time) int64 {
 	var secs int64
-	if lines := h[keyRateLimit]; len(lines) > 0 {
-		var listMax int64
-		l := scanList(joinLines(lines))
-		var m member
-		for l.next(&m) {
-			if r, ok := m.intParam("r"); !ok || r != 0 {
-				continue
-			}
-			if t, ok := m.intParam("t"); ok {
-				listMax = max(listMax, t)
+	ms := members(h[keyRateLimit])
+	if slices.ContainsFunc(ms, func(m string) bool { return !plainMember(m) }) {
+		ms = nil // a List that does not parse says nothing
+	}
+	for _, m := range ms {
+		r, t := int64(-1), int64(0)
+		for _, p := range split(m, ';')[1:] { // after the item: its parameters
+			k, v, _ := strings.Cut(strings.TrimLeft(p, " "), "=")
+			if n, ok := readInt([]string{v}); ok && k == "r" {
+				r = n
+			} else if ok && k == "t" {
+				t = n
 			}
 		}
-		if l.err == nil {
-			secs = listMax
+		if r == 0 {
+			secs = max(secs, t)
 		}
 	}
 	if t, ok := readTrio(h, &draft03Keys); ok && t.remaining == 0 {
@@ -325,22 +332,26 @@ func clampInt(v int) int64 {
 }
 
 // appendMerged appends to b the List field lines with q's item merged in:
-// the first item whose name is q's is replaced by q's item and later ones
-// dropped, other members are copied as they were written, and q's item is
-// appended if no item had its name. Field lines that do not parse as a List
-// are dropped. policy selects the RateLimit-Policy item over the RateLimit one.
+// the first member that is an item of q's name is replaced by q's item and
+// later ones dropped, other members are copied as they were written, and
+// q's item is appended if no member had its name. policy selects the
+// RateLimit-Policy item over the RateLimit one.
 func appendMerged(b []byte, lines []string, q *Quota, policy bool) []byte {
 	if len(lines) == 0 {
 		return appendItem(b, q, policy)
 	}
-	field := joinLines(lines)
-	start := len(b)
-	replaced := false
-	l := scanList(field)
-	var m member
-	for l.next(&m) {
-		mine := m.value.isString(q.Name)
-		if mine && replaced {
+	var nb [64]byte
+	name := string(appendString(nb[:0], q.Name))
+	ms := members(lines)
+	for _, m := range ms {
+		if !plainMember(m) { // not a List we can keep: ours alone
+			return appendItem(b, q, policy)
+		}
+	}
+	start, replaced := len(b), false
+	for _, m := range ms {
+		mine := strings.HasPrefix(m, name) && (len(m) == len(name) || m[len(name)] == ';')
+		if m == "" || mine && replaced {
 			continue
 		}
 		if len(b) > start {
@@ -350,11 +361,8 @@ func appendMerged(b []byte, lines []string, q *Quota, policy bool) []byte {
 			b = appendItem(b, q, policy)
 			replaced = true
 		} else {
-			b = append(b, field[m.start:m.end]...)
+			b = append(b, m...)
 		}
-	}
-	if l.err != nil {
-		return appendItem(b[:start], q, policy)
 	}
 	if !replaced {
 		if len(b) > start {
@@ -365,12 +373,107 @@ func appendMerged(b []byte, lines []string, q *Quota, policy bool) []byte {
 	return b
 }
 
-// joinLines combines field lines into one field value (RFC 9651 Section 4.2).
-func joinLines(lines []string) string {
-	if len(lines) == 1 {
-		return lines[0]
+// plainMember reports whether m is a List member as rate limiters write
+// them: a String or Token, then parameters whose values are Integers,
+// Decimals, Strings, Tokens or Booleans. Members valid in RFC 9651 but not
+// seen in these fields (inner lists, byte sequences, Dates) are not kept,
+// and neither is anything that does not parse, so a List we write parses.
+func plainMember(m string) bool {
+	parts := split(m, ';')
+	for i, p := range parts {
+		if i == 0 && !plainItem(p) {
+			return false
+		}
+		k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
+		if i > 0 && (!isKey(k) || hasValue && !plainItem(v)) {
+			return false
+		}
 	}
-	return strings.Join(lines, ", ")
+	return true
+}
+
+// plainItem reports whether s is a String, Token, Integer, Decimal or Boolean.
+func plainItem(s string) bool {
+	if s == "" {
+		return false
+	}
+	switch c := s[0]; {
+	case c == '"':
+		for i := 1; i < len(s); i++ {
+			switch {
+			case s[i] == '\\' && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\\'):
+				i++
+			case s[i] == '"':
+				return i == len(s)-1
+			case s[i] < 0x20 || s[i] > 0x7e || s[i] == '\\':
+				return false
+			}
+		}
+		return false
+	case c == '?':
+		return s == "?0" || s == "?1"
+	case c == ':': // a Byte Sequence, such as the draft's pk
+		b64, ok := strings.CutSuffix(s[1:], ":")
+		_, err := base64.StdEncoding.DecodeString(b64) // which skips '\r' and '\n': so the Trim
+		return ok && len(s) > 1 && err == nil && strings.Trim(b64, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == ""
+	case c == '(': // an inner list of bare items
+		inner, ok := strings.CutSuffix(s[1:], ")")
+		for _, it := range strings.Split(inner, " ") {
+			ok = ok && (it == "" || it[0] != '(' && plainItem(it))
+		}
+		return ok
+	case c == '-' || c >= '0' && c <= '9':
+		whole, frac, dec := strings.Cut(strings.TrimPrefix(s, "-"), ".")
+		return digits(whole, 1, 15) && (!dec || len(whole) <= 12 && digits(frac, 1, 3))
+	case c == '*' || c|0x20 >= 'a' && c|0x20 <= 'z':
+		return !strings.ContainsFunc(s, func(r rune) bool {
+			return r > 0x7e || r <= ' ' || strings.ContainsRune("\"(),;<=>?@[\\]{}", r)
+		})
+	}
+	return false
+}
+
+// isKey reports whether s is an RFC 9651 parameter key.
+func isKey(s string) bool {
+	if s == "" || !(s[0] == '*' || s[0] >= 'a' && s[0] <= 'z') {
+		return false
+	}
+	return !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.*", r))
+	})
+}
+
+func digits(s string, lo, hi int) bool {
+	return len(s) >= lo && len(s) <= hi && strings.Trim(s, "0123456789") == ""
+}
+
+// members returns the members of the List field lines, as written, without
+// the spaces and tabs around them.
+func members(lines []string) []string {
+	ms := split(strings.Join(lines, ","), ',')
+	for i, m := range ms {
+		ms[i] = strings.Trim(m, " \t")
+	}
+	return ms
+}
+
+// split cuts s at each sep outside RFC 9651 Strings (which are the only
+// place a List's members or an item's parameters can hold a ',' or ';').
+func split(s string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case c == sep && !quoted:
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
 }
 
 // appendItem appends q's RateLimit-Policy item (if policy) or RateLimit item.
@@ -481,7 +584,7 @@ func readInt(lines []string) (int64, bool) {
 	}
 	var v int64
 	for i := 0; i < len(s); i++ {
-		if !isDigit(s[i]) {
+		if s[i] < '0' || s[i] > '9' {
 			return 0, false
 		}
 		v = v*10 + int64(s[i]-'0')

@@ -1,14 +1,10 @@
 package headers
 
-// This file holds a small parser for RFC 9651 Structured Field Lists: enough
-// to merge our own List fields with what other code already wrote, to read
-// r and t back for Retry-After, and to check in tests and fuzzing that every
-// value we write parses. It follows the parsing algorithms of RFC 9651
-// Section 4.2 step by step, including inner lists, Dates and Display Strings,
-// but it does not build a tree: a listScanner yields one member at a time
-// with its byte span in the input, the parameters are kept as validated raw
-// text and looked up on demand, and strings stay escaped until asked for, so
-// that merging allocates nothing.
+// This file holds an RFC 9651 Structured Field List parser, for the tests
+// and the fuzzers: every value Write leaves must parse with it. It follows
+// the parsing algorithms of RFC 9651 Section 4.2 step by step, including
+// inner lists, Dates and Display Strings; a listScanner yields one member at
+// a time, with its parameters kept as validated raw text.
 
 import (
 	"encoding/base64"
@@ -33,10 +29,7 @@ const (
 )
 
 // Bounds of an RFC 9651 Integer (Section 3.3.1): at most 15 digits.
-const (
-	sfIntegerMax = 999_999_999_999_999
-	sfIntegerMin = -sfIntegerMax
-)
+const sfIntegerMin = -sfIntegerMax
 
 // bareItem is one parsed bare item, or an inner list when kind is kindInnerList.
 //
