@@ -58,9 +58,9 @@ type Tiers struct {
 // [store.Redis.TakeAll] for their order and what a failure between them
 // means.
 //
-// All of the Options of [New] apply, except [WithDenyCache] (not used by
-// Multi) and [WithName], which names the middleware in errors, logs and
-// problem documents. With [WithCost], the cost is taken from every policy.
+// All of the Options of [New] apply, except [WithDenyCache], which is an
+// error, and [WithName], which names the middleware in errors, logs and
+// problem documents (each policy has a name of its own). With [WithCost], the cost is taken from every policy.
 // FailLocal divides every policy among the replicas.
 type Multi struct {
 	base  *Limiter // the configuration and the shared refusal paths
@@ -112,6 +112,9 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 	base, err := New(s, defPlan[0].Limit, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if base.deny != nil {
+		return nil, errors.New("middleware: WithDenyCache: a Multi has no deny cache (use it on a Limiter)")
 	}
 	m := &Multi{base: base, ms: ms, of: t.Of, plans: map[string]*plan{}}
 	for tier, pols := range t.Plans {
@@ -244,9 +247,15 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return
 	}
 
-	start := time.Now()
+	var start time.Time // read only for the Observer, as a Limiter does
+	if c.observer != nil {
+		start = time.Now()
+	}
 	res, err := m.takeAll(r.Context(), reqs)
-	latency := time.Since(start)
+	var latency time.Duration
+	if c.observer != nil {
+		latency = time.Since(start)
+	}
 	local := false
 	if err != nil {
 		if gone(r.Context()) {

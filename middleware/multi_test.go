@@ -673,3 +673,13 @@ func TestFailClosedResponse(t *testing.T) {
 		}
 	}
 }
+
+// A Multi has no deny cache: asking for one is an error, not ignored.
+func TestMultiRefusesDenyCache(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	_, err := middleware.NewMulti(m, []middleware.Policy{{Limit: store.PerMinute(1)}}, middleware.WithDenyCache(100))
+	if err == nil || !strings.Contains(err.Error(), "WithDenyCache") {
+		t.Errorf("NewMulti with WithDenyCache: %v, want an error naming WithDenyCache", err)
+	}
+}
