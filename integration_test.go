@@ -304,11 +304,18 @@ func TestAccuracyDenyCacheAndBatching(t *testing.T) {
 	if ratio < 0.97 || float64(allowed.Load()) > ideal+1 {
 		t.Errorf("allowed/ideal = %.4f (%d of %.1f); want within [0.97, 1.00] plus one token", ratio, allowed.Load(), ideal)
 	}
-	// Calls per request depend on how fast the goroutines send; what the
-	// cache bounds is the calls per returned token: on each server, about
-	// one probe and at most one denial each time a token comes back.
-	if bound := 2 * float64(len(handlers)) * ideal; float64(calls.Load()) > bound {
-		t.Errorf("%d script calls; want at most %.0f (2 per returned token per server), whatever the request rate", calls.Load(), bound)
+	// What the cache bounds is the calls per returned token: on each
+	// server, one probe each time a token comes back, and then the calls
+	// already in flight before its denial is recorded, at most one per
+	// goroutine — about 2 per token on an idle machine, more on a loaded
+	// one, where answers are slower. Whatever the load, the calls follow
+	// the tokens, not the requests: a small share of them.
+	perServer := 64 / len(handlers)
+	if bound := float64(1+perServer) * float64(len(handlers)) * ideal; float64(calls.Load()) > bound {
+		t.Errorf("%d script calls; want at most %.0f (a probe and one call per goroutine per returned token per server)", calls.Load(), bound)
+	}
+	if requests := allowed.Load() + denied.Load(); calls.Load()*10 > requests {
+		t.Errorf("%d script calls for %d requests; want at most a tenth: the deny cache answers the rest", calls.Load(), requests)
 	}
 }
 
