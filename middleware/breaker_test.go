@@ -156,7 +156,7 @@ func TestRedisHungFailOpen(t *testing.T) {
 	const budget = 50 * time.Millisecond
 	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), store.PerMinute(1000),
 		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), quiet,
-		middleware.WithKeyFunc(mustKey(keyfuncs.Static("hung"))))
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("hung"))), middleware.WithFailurePolicy(middleware.FailOpen))
 	h := l.Handler(okHandler)
 	serve := func() (int, string, time.Duration) {
 		w := httptest.NewRecorder()
@@ -247,4 +247,43 @@ func TestFailLocalHoldsShare(t *testing.T) {
 		}
 	}
 	t.Logf("FailLocal, 4 instances, limit 40/min, Redis hanging: each allowed 10 of 50, together %d (limit 40)", total)
+}
+
+// With default options, a stall of Redis longer than the budget does not
+// open the gate: a flood during it gets at most the limit's own allowance
+// on this server (a burst, then the rate), decided locally, and Redis
+// decides again once it answers.
+func TestRedisHungDefaultKeepsLimit(t *testing.T) {
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to stop")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
+	t.Cleanup(func() { rdb.Close() })
+	lim := store.Limit{Rate: 20, Period: time.Second, Burst: 10}
+	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), lim, quiet,
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("flood"))))
+	h := l.Handler(okHandler)
+	serve := func() int {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		return w.Code
+	}
+	srv.Pause()
+	paused := time.Now()
+	allowed := 0
+	for time.Since(paused) < 700*time.Millisecond {
+		if serve() == 200 {
+			allowed++
+		}
+	}
+	stall := time.Since(paused)
+	srv.Resume()
+	if most := float64(lim.Burst) + float64(lim.Rate)*stall.Seconds() + 1; float64(allowed) > most {
+		t.Errorf("Redis paused %v, default options: %d allowed; want at most %.0f (a burst and the rate, locally)", stall, allowed, most)
+	}
+	if allowed == 0 {
+		t.Errorf("Redis paused, default options: nothing allowed; want the local limit to serve")
+	}
+	t.Logf("Redis paused %v under a flood, default options: %d allowed (limit 20/s, burst 10)", stall.Round(time.Millisecond), allowed)
 }

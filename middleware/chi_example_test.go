@@ -36,7 +36,7 @@ func ExampleNew_chi() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	api, err := tollgate.New(st, store.PerMinute(100), tollgate.WithName("api"), tollgate.WithKeyFunc(client)) // Redis down: serve
+	api, err := tollgate.New(st, store.PerMinute(100), tollgate.WithName("api"), tollgate.WithKeyFunc(client)) // Redis down: local limits
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -16,9 +16,9 @@
 //     ([WithProblemDetails]), or whatever [WithDeniedHandler] writes;
 //   - no key, or a cost outside [0, Burst]: 400 (never a shared bucket,
 //     never a 429 that would invite a retry), see [WithKeyErrorHandler];
-//   - the store failed or timed out: the [FailurePolicy] decides, [FailOpen]
-//     (serve, the default), [FailClosed] (503 with Retry-After) or
-//     [FailLocal] (an in-process share of the limit, see [FailLocalShare]).
+//   - the store failed or timed out: the [FailurePolicy] decides, [FailLocal]
+//     (an in-process share of the limit, the default; see [FailLocalShare]),
+//     [FailClosed] (503 with Retry-After) or [FailOpen] (serve, unlimited).
 //
 // A circuit breaker ([WithBreaker]) stops calling a store that keeps
 // failing and lets one probe through after a cooldown, so a dead Redis

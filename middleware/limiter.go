@@ -74,7 +74,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	l := &Limiter{store: s, limit: limit}
 	l.cfg = config{
 		timeout:         DefaultTimeout,
-		policy:          FailOpen,
+		policy:          FailLocal,
 		profile:         headers.Default,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
@@ -115,7 +115,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.bound && l.cfg.breakerFailures > 0 {
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
-	if l.cfg.policy.kind == failLocal {
+	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
 		// The same rate over n times the period: exactly 1/n of it.
 		l.localLimit = store.Limit{
 			Rate:   limit.Rate,
@@ -320,7 +320,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			keyBufs.Put(kb)
 			l.refuseFailed(w)
 			return
-		case c.policy.kind == failLocal:
+		case c.policy.kind == failLocal && l.local != nil:
 			res, err = l.local.TakeBytes(r.Context(), key, l.localLimit, cost)
 			d.local, d.refundKey = true, "" // nothing to give back to the store
 		}

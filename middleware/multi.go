@@ -165,7 +165,7 @@ func (m *Multi) policy(tier string, p Policy) (policy, error) {
 	if q.key == nil {
 		q.key = m.base.cfg.keyFunc
 	}
-	if c := &m.base.cfg; c.policy.kind == failLocal {
+	if c := &m.base.cfg; c.policy.kind == failLocal && m.base.local != nil {
 		q.local = store.Limit{
 			Rate:   p.Limit.Rate,
 			Period: p.Limit.Period * time.Duration(c.policy.replicas),
@@ -271,7 +271,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		case c.policy.kind == failClosed && !c.dryRun:
 			l.refuseFailed(w)
 			return
-		case c.policy.kind == failLocal:
+		case c.policy.kind == failLocal && l.local != nil:
 			localReqs := slices.Clone(reqs)
 			for i := range localReqs {
 				localReqs[i].Limit = p.policies[i].local

@@ -367,7 +367,7 @@ func TestObserverEvents(t *testing.T) {
 	// A store that fails on demand, behind a breaker of 2 failures.
 	var fail atomic.Bool
 	s := &failingStore{Store: store.NewMemory(), fail: &fail}
-	l := mustNew(t, s, store.PerMinute(2), middleware.WithName("api"), middleware.WithKeyFunc(userKey),
+	l := mustNew(t, s, store.PerMinute(2), middleware.WithName("api"), middleware.WithKeyFunc(userKey), middleware.WithFailurePolicy(middleware.FailOpen),
 		middleware.WithObserver(obs), middleware.WithBreaker(2, time.Hour), middleware.WithTimeout(time.Second))
 	h := l.Handler(okHandlerFunc)
 	serveUser(h, "secret-user-42")                                                     // allowed

@@ -21,7 +21,7 @@ const DefaultTimeout = 100 * time.Millisecond
 // FailurePolicy says what happens to a request when the store cannot decide
 // it (an error, or no answer within the timeout), with its parameters:
 // [FailOpen], [FailClosed] (or [FailClosedWith]) or [FailLocal] (or
-// [FailLocalShare]). Its zero value is FailOpen.
+// [FailLocalShare]). The default is FailLocal; the zero value is FailOpen.
 type FailurePolicy struct {
 	kind       failKind
 	replicas   int           // FailLocal: servers sharing the limit
@@ -40,7 +40,10 @@ const (
 
 var (
 	// FailOpen serves the request without limiting it and without rate-limit
-	// headers. It is the default: an ordinary API stays up when Redis is down.
+	// headers. Choose it only where serving matters more than the limit: any
+	// store stall longer than the budget (Redis paused, or this process
+	// descheduled) then lets a flood through unlimited, for as long as the
+	// breaker stays open.
 	FailOpen = FailurePolicy{}
 	// FailClosed refuses the request with 503 Service Unavailable and
 	// Retry-After: 1 ([FailClosedWith] chooses them). Use it where letting
@@ -50,7 +53,9 @@ var (
 	// FailLocal decides on an in-process Memory store, under the whole limit
 	// ([FailLocalShare] divides it among servers): each server keeps about
 	// its share of the limit while the shared store is down, and the shared
-	// store decides again once it answers.
+	// store decides again once it answers. It is the default: an ordinary API
+	// stays up when Redis is down or slow, and a flood gets at most each
+	// server's own bucket (a burst, then the rate) meanwhile, not the door.
 	FailLocal = FailurePolicy{kind: failLocal, replicas: 1}
 )
 
@@ -201,7 +206,7 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithFailurePolicy sets what happens when the store cannot decide (default
-// [FailOpen]): FailOpen, [FailClosed], [FailClosedWith], [FailLocal] or
+// [FailLocal]): [FailOpen], [FailClosed], [FailClosedWith], FailLocal or
 // [FailLocalShare].
 func WithFailurePolicy(p FailurePolicy) Option {
 	return func(c *config) error {

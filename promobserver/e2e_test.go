@@ -109,7 +109,7 @@ func TestEndToEndStoreDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(obs)
 	lim, err := middleware.New(failingStore{}, store.PerSecond(2), middleware.WithName("down"),
-		middleware.WithBreaker(2, time.Hour), middleware.WithObserver(obs))
+		middleware.WithBreaker(2, time.Hour), middleware.WithObserver(obs), middleware.WithFailurePolicy(middleware.FailOpen))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func newRouter(st store.Store) (http.Handler, error) {
 	}
 	api, err := tollgate.New(st, store.PerMinute(100),
 		tollgate.WithName("api"),
-		tollgate.WithFailurePolicy(tollgate.FailOpen), // the default, spelled out
+		tollgate.WithFailurePolicy(tollgate.FailLocal), // the default, spelled out
 	)
 	if err != nil {
 		return nil, err

@@ -165,7 +165,7 @@ func TestPerUser(t *testing.T) {
 }
 
 // TestRedisDown checks the failure policies: with Redis gone, login fails
-// closed and the API and user groups fail open.
+// closed and the API and user groups fall back to their local limits.
 func TestRedisDown(t *testing.T) {
 	// The production client and budget: what happens when Redis is gone.
 	mr := miniredis.RunT(t)
@@ -184,7 +184,7 @@ func TestRedisDown(t *testing.T) {
 
 	resp = send(t, h, http.MethodGet, "/api/items", "192.0.2.1")
 	wantStatus(t, "GET /api/items", resp, http.StatusOK)
-	wantHeader(t, "GET /api/items", resp, "RateLimit", "")
+	wantHeader(t, "GET /api/items", resp, "RateLimit", `"api";r=99;t=1`) // FailLocal: limited in process
 
 	resp = send(t, h, http.MethodGet, "/me", "192.0.2.1", "Authorization", "Bearer alice")
 	wantStatus(t, "GET /me", resp, http.StatusOK)
@@ -192,7 +192,8 @@ func TestRedisDown(t *testing.T) {
 
 // TestRealRedis runs the router over HTTP against a real redis-server,
 // then pauses the server (SIGSTOP): login must fail closed, and the API
-// fail open, within the limiter's budget rather than go-redis's defaults.
+// fall back to its local limit, within the limiter's budget rather than
+// go-redis's defaults.
 func TestRealRedis(t *testing.T) {
 	srv := redistest.Server(t)
 	rdb := newRedisClient(srv.Addr)
@@ -239,7 +240,7 @@ func TestRealRedis(t *testing.T) {
 		}
 		resp.Body.Close()
 		wantStatus(t, "GET /api/items, Redis paused", resp, http.StatusOK)
-		wantHeader(t, "GET /api/items, Redis paused", resp, "RateLimit", "")
+		wantHeader(t, "GET /api/items, Redis paused", resp, "RateLimit", `"api";r=99;t=1`) // FailLocal
 		// Each decision gives up after the 100ms budget; allow for a slow
 		// machine, but not for go-redis's 3s default read timeout.
 		if d := time.Since(start); d > time.Second {
