@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 )
@@ -48,6 +49,7 @@ type breaker struct {
 	state    atomic.Int32 // BreakerState
 	failures atomic.Int64 // consecutive, while closed
 	openedAt atomic.Int64 // UnixNano of the last opening
+	probedAt atomic.Int64 // UnixNano of the last probe's start
 }
 
 // allow reports whether a decision may call the store, and whether it is
@@ -57,15 +59,47 @@ func (b *breaker) allow() (call, probe bool) {
 	case BreakerClosed:
 		return true, false // the healthy path reads no clock
 	case BreakerOpen:
-		if time.Now().UnixNano()-b.openedAt.Load() < int64(b.cooldown) {
+		now := time.Now().UnixNano()
+		if now-b.openedAt.Load() < int64(b.cooldown) {
 			return false, false
 		}
 		if b.state.CompareAndSwap(int32(BreakerOpen), int32(BreakerHalfOpen)) {
+			b.probedAt.Store(now)
 			b.changed(BreakerOpen, BreakerHalfOpen)
 			return true, true // this decision alone probes
 		}
+	case BreakerHalfOpen:
+		// A probe that has not come back within a cooldown (a store that
+		// ignores its deadline) is given up: this decision probes instead,
+		// so the breaker never stays half-open.
+		now := time.Now().UnixNano()
+		if p := b.probedAt.Load(); now-p >= int64(b.cooldown) && b.probedAt.CompareAndSwap(p, now) {
+			return true, true
+		}
 	}
 	return false, false
+}
+
+// call runs fn, a store call that allow let through, and records its
+// outcome: an error is a failure unless ctx, the request's, ended (a client
+// that went away says nothing about the store); a probe whose client went
+// away, or that panics, also counts as a failure, so that the next
+// cooldown probes again rather than the breaker closing on no evidence or
+// staying half-open.
+func (b *breaker) call(ctx context.Context, probe bool, fn func() error) {
+	completed := false
+	defer func() {
+		if !completed {
+			b.done(probe, true) // a panic, or runtime.Goexit, in the store
+		}
+	}()
+	err := fn()
+	completed = true
+	failed := err != nil && !gone(ctx)
+	if probe {
+		failed = err != nil || gone(ctx)
+	}
+	b.done(probe, failed)
 }
 
 // done records the outcome of a store call that allow let through.

@@ -287,3 +287,129 @@ func TestRedisHungDefaultKeepsLimit(t *testing.T) {
 	}
 	t.Logf("Redis paused %v under a flood, default options: %d allowed (limit 20/s, burst 10)", stall.Round(time.Millisecond), allowed)
 }
+
+// trickyStore fails, panics or hangs (ignoring its deadline) as told.
+type trickyStore struct {
+	store.Store
+	mode atomic.Int32 // 0 healthy, 1 fail, 2 panic, 3 hang until the request ends
+}
+
+func (s *trickyStore) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+	switch s.mode.Load() {
+	case 1:
+		return store.Result{}, errors.New("store down")
+	case 2:
+		panic("a store hook panics")
+	case 3:
+		<-ctx.Done()
+		time.Sleep(300 * time.Millisecond) // and answers late, past its deadline
+		return store.Result{}, ctx.Err()
+	}
+	return s.Store.Take(ctx, key, lim, cost)
+}
+
+// The breaker always recovers: a probe that panics, whose client goes away,
+// or that hangs past a cooldown does not leave it half-open, and a healthy
+// store closes it at the next probe.
+func TestBreakerAlwaysRecovers(t *testing.T) {
+	const cooldown = 50 * time.Millisecond
+	for _, probe := range []struct {
+		name string
+		mode int32
+	}{{"panicking probe", 2}, {"abandoned probe", 3}} {
+		t.Run(probe.name, func(t *testing.T) {
+			m := store.NewMemory()
+			defer m.Close()
+			ts := &trickyStore{Store: m}
+			l := mustNew(t, ts, store.PerSecond(1000), middleware.WithBreaker(2, cooldown), quiet,
+				middleware.WithFailurePolicy(middleware.FailClosed), middleware.WithTimeout(time.Second))
+			h := l.Handler(okHandler)
+			serve := func(ctx context.Context) (code int) {
+				defer func() {
+					if recover() != nil {
+						code = -1
+					}
+				}()
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+				return w.Code
+			}
+			ts.mode.Store(1)
+			serve(context.Background())
+			serve(context.Background())
+			if l.BreakerState() != middleware.BreakerOpen {
+				t.Fatalf("after 2 failures: %v, want open", l.BreakerState())
+			}
+			time.Sleep(cooldown + 10*time.Millisecond)
+			ts.mode.Store(probe.mode)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+			serve(ctx) // the probe: panics, or its client leaves
+			cancel()
+			if s := l.BreakerState(); s != middleware.BreakerOpen {
+				t.Errorf("after the probe: %v, want open (the probe failed)", s)
+			}
+			ts.mode.Store(0)
+			deadline := time.Now().Add(2 * time.Second)
+			for l.BreakerState() != middleware.BreakerClosed && time.Now().Before(deadline) {
+				serve(context.Background())
+				time.Sleep(5 * time.Millisecond)
+			}
+			if s := l.BreakerState(); s != middleware.BreakerClosed {
+				t.Errorf("healthy store for 2s: breaker %v, want closed", s)
+			}
+			if c := serve(context.Background()); c != 200 {
+				t.Errorf("healthy store, breaker closed: %d, want 200", c)
+			}
+		})
+	}
+}
+
+// A probe that never comes back (a store that ignores its deadline) does
+// not keep the breaker half-open: after a cooldown another request probes.
+func TestBreakerProbeThatHangs(t *testing.T) {
+	const cooldown = 50 * time.Millisecond
+	m := store.NewMemory()
+	defer m.Close()
+	hang := make(chan struct{})
+	var hanging atomic.Bool
+	fs := &flakyStore{Store: m}
+	s := storeFunc(func(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+		if hanging.Load() {
+			<-hang // ignores ctx
+		}
+		return fs.Take(ctx, key, lim, cost)
+	})
+	l := mustNew(t, s, store.PerSecond(1000), middleware.WithBreaker(1, cooldown), quiet,
+		middleware.WithFailurePolicy(middleware.FailClosed))
+	h := l.Handler(okHandler)
+	serve := func() int {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		return w.Code
+	}
+	fs.down.Store(true)
+	serve() // opens
+	time.Sleep(cooldown + 10*time.Millisecond)
+	hanging.Store(true)
+	done := make(chan struct{})
+	go func() { defer close(done); serve() }() // the probe, stuck in the store
+	time.Sleep(20 * time.Millisecond)
+	if s := l.BreakerState(); s != middleware.BreakerHalfOpen {
+		t.Fatalf("with the probe out: %v, want half-open", s)
+	}
+	hanging.Store(false)
+	fs.down.Store(false)
+	time.Sleep(cooldown + 10*time.Millisecond)
+	if c := serve(); c != 200 || l.BreakerState() != middleware.BreakerClosed {
+		t.Errorf("a cooldown after the stuck probe: %d, breaker %v; want 200 and closed", c, l.BreakerState())
+	}
+	close(hang)
+	<-done
+}
+
+// storeFunc is a Store made of a function.
+type storeFunc func(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error)
+
+func (f storeFunc) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+	return f(ctx, key, lim, cost)
+}

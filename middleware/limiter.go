@@ -470,10 +470,12 @@ func (l *Limiter) decide(ctx context.Context, key []byte, cost int) (store.Resul
 	if !call {
 		return store.Result{}, ErrBreakerOpen
 	}
-	res, err := l.take(ctx, key, cost)
-	// A client that went away says nothing about the store.
-	failed := err != nil && !gone(ctx)
-	l.brk.done(probe, failed)
+	var res store.Result
+	var err error
+	l.brk.call(ctx, probe, func() error {
+		res, err = l.take(ctx, key, cost)
+		return err
+	})
 	return res, err
 }
 

@@ -305,10 +305,15 @@ func (m *Multi) takeAll(ctx context.Context, reqs []store.Request) ([]store.Resu
 		tctx, cancel = context.WithTimeout(ctx, l.cfg.timeout)
 		defer cancel()
 	}
-	res, err := m.ms.TakeAll(tctx, reqs)
-	if l.brk != nil {
-		l.brk.done(probe, err != nil && !gone(ctx))
+	if l.brk == nil {
+		return m.ms.TakeAll(tctx, reqs)
 	}
+	var res []store.Result
+	var err error
+	l.brk.call(ctx, probe, func() error {
+		res, err = m.ms.TakeAll(tctx, reqs)
+		return err
+	})
 	return res, err
 }
 

@@ -226,7 +226,9 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // After `failures` consecutive store errors or timeouts it opens: decisions
 // take the failure policy at once, without calling the store, so a dead
 // Redis costs no waiting per request. After `cooldown` one decision probes
-// the store; its success closes the breaker. failures 0 disables the
+// the store; its success closes the breaker. A probe that fails, panics,
+// whose client goes away, or that has not come back within a cooldown
+// counts as a failure: the breaker always probes again. failures 0 disables the
 // breaker. Transitions go to the [Observer] ([WithObserver]), or without one
 // to [slog.Default]. The breaker does not apply to a Memory store.
 func WithBreaker(failures int, cooldown time.Duration) Option {
