@@ -28,13 +28,19 @@ type denyCache struct {
 	shards   []denyShard
 	mask     uint64
 	shardCap int
-	seed     maphash.Seed
+	seeds    [2]maphash.Seed
 	now      func() time.Duration // the clock; replaced in tests
 }
 
+// A denyID names a store key: two 64-bit hashes of it, each with a seed of
+// its own (one in 2^128 for two keys to share an entry, and no caller can
+// aim at it). The cache keeps no key, so its memory is bounded by its
+// entries whatever their keys' length.
+type denyID [2]uint64
+
 type denyShard struct {
 	mu sync.Mutex
-	m  map[string]*denyEntry
+	m  map[denyID]*denyEntry
 	n  atomic.Int32 // len(m), read without the lock
 	_  [40]byte     // keep shards on separate cache lines
 }
@@ -88,29 +94,36 @@ func newDenyCache(maxKeys int) *denyCache {
 		shards:   make([]denyShard, n),
 		mask:     uint64(n - 1),
 		shardCap: maxKeys / n, // at least 1: maxKeys >= 1
-		seed:     maphash.MakeSeed(),
+		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		now:      monotonicNow,
 	}
 	for i := range d.shards {
-		d.shards[i].m = make(map[string]*denyEntry)
+		d.shards[i].m = make(map[denyID]*denyEntry)
 	}
 	return d
 }
 
-func (d *denyCache) shard(key []byte) *denyShard {
-	return &d.shards[maphash.Bytes(d.seed, key)&d.mask]
+// shard returns key's shard and the first half of its id.
+func (d *denyCache) shard(key []byte) (*denyShard, uint64) {
+	h := maphash.Bytes(d.seeds[0], key)
+	return &d.shards[h&d.mask], h
+}
+
+func (d *denyCache) id(h uint64, key []byte) denyID {
+	return denyID{h, maphash.Bytes(d.seeds[1], key)}
 }
 
 // check looks key up for a request of cost under lim. On denyHit, res is
 // the refusal; on denyProbe, gen identifies the entry for probed.
 // It does not allocate.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
-	sh := d.shard(key)
+	sh, h := d.shard(key)
 	if sh.n.Load() == 0 {
 		return denyMiss, res, 0 // the usual case when nobody is refused: no lock, no clock
 	}
+	k := d.id(h, key)
 	sh.mu.Lock()
-	e := sh.m[string(key)] // no allocation: the conversion is only for the lookup
+	e := sh.m[k]
 	if e == nil {
 		sh.mu.Unlock()
 		return denyMiss, res, 0
@@ -118,7 +131,7 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 	now := d.now()
 	switch {
 	case now >= e.until:
-		delete(sh.m, string(key))
+		delete(sh.m, k)
 		sh.n.Add(-1)
 		sh.mu.Unlock()
 		return denyMiss, res, 0
@@ -213,16 +226,17 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 	}
 	now := d.now()
 	window := tokenTime(lim, cost)
-	sh := d.shard(key)
+	sh, h := d.shard(key)
+	k := d.id(h, key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[string(key)]
+	e := sh.m[k]
 	if e == nil {
 		if len(sh.m) >= d.shardCap {
 			d.makeRoom(sh, now)
 		}
 		e = new(denyEntry)
-		sh.m[string(key)] = e // one allocation for the key, one for the entry
+		sh.m[k] = e // one allocation, for the entry
 		sh.n.Add(1)
 	}
 	*e = denyEntry{
@@ -240,10 +254,11 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 // allowed, or the store failed. The entry is dropped unless it has been
 // recorded again since.
 func (d *denyCache) probed(key []byte, gen uint64) {
-	sh := d.shard(key)
+	sh, h := d.shard(key)
+	k := d.id(h, key)
 	sh.mu.Lock()
-	if e := sh.m[string(key)]; e != nil && e.gen == gen {
-		delete(sh.m, string(key))
+	if e := sh.m[k]; e != nil && e.gen == gen {
+		delete(sh.m, k)
 		sh.n.Add(-1)
 	}
 	sh.mu.Unlock()
@@ -251,10 +266,11 @@ func (d *denyCache) probed(key []byte, gen uint64) {
 
 // forget drops the entry of key, if any.
 func (d *denyCache) forget(key []byte) {
-	sh := d.shard(key)
+	sh, h := d.shard(key)
+	k := d.id(h, key)
 	sh.mu.Lock()
-	if _, ok := sh.m[string(key)]; ok {
-		delete(sh.m, string(key))
+	if _, ok := sh.m[k]; ok {
+		delete(sh.m, k)
 		sh.n.Add(-1)
 	}
 	sh.mu.Unlock()
@@ -264,21 +280,21 @@ func (d *denyCache) forget(key []byte) {
 // refuse nothing more, or if there are none the one that expires first.
 // The caller holds sh.mu.
 func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
-	var victim string
+	var victim denyID
 	var victimUntil time.Duration
-	freed, seen := 0, 0
+	freed, seen, found := 0, 0, false
 	for k, e := range sh.m { // map iteration starts at a random entry
 		if now >= e.until {
 			delete(sh.m, k)
 			freed++
-		} else if victim == "" || e.until < victimUntil {
-			victim, victimUntil = k, e.until
+		} else if !found || e.until < victimUntil {
+			victim, victimUntil, found = k, e.until, true
 		}
 		if seen++; seen >= denySamples {
 			break
 		}
 	}
-	if freed == 0 && victim != "" {
+	if freed == 0 && found {
 		delete(sh.m, victim)
 		freed++
 	}

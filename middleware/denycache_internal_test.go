@@ -1,6 +1,9 @@
 package middleware
 
 import (
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,5 +187,35 @@ func TestDenyCacheBoundedShards(t *testing.T) {
 				t.Fatalf("maxKeys %d: %d entries", maxKeys, n)
 			}
 		}
+	}
+}
+
+// The deny cache is bounded in bytes, not only in entries: 2,000 denied
+// keys of 256 KiB each leave little on the heap, since it keeps a 128-bit
+// hash of each key (keeping the keys grew it by 516 MB).
+func TestDenyCacheBoundedInBytes(t *testing.T) {
+	d := newDenyCache(10_000)
+	big := strings.Repeat("x", 256<<10)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 2000 {
+		d.denied([]byte(big+strconv.Itoa(i)), store.PerMinute(1), 1, store.Result{RetryAfter: time.Minute, ResetAfter: time.Minute})
+	}
+	if n := d.len(); n != 2000 {
+		t.Fatalf("%d entries, want 2000", n)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("2,000 denied 256 KiB keys: heap grew %d KiB", grown>>10)
+	if grown > 8<<20 {
+		t.Errorf("heap grew %d MiB for 2,000 entries; want under 8 (keys hashed, not kept)", grown>>20)
+	}
+	if v, _, _ := d.check([]byte(big+"7"), store.PerMinute(1), 1); v != denyHit {
+		t.Errorf("a recorded key: verdict %v, want a local refusal", v)
+	}
+	if v, _, _ := d.check([]byte(big+"x"), store.PerMinute(1), 1); v != denyMiss {
+		t.Errorf("another key: verdict %v, want a miss", v)
 	}
 }

@@ -270,9 +270,9 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 // answer arrives, so a local refusal can outlast the store's (Redis's clock)
 // by up to one round trip, never end earlier. It is per process: each
 // server learns the denials it was given. Memory is bounded by maxKeys
-// entries (about 120 bytes plus the key each): entries past their time are
-// dropped when met and when room is needed, and otherwise the one that
-// expires first. No goroutine is started. Locally refused requests are
+// entries (about 150 bytes each, whatever the key: it keeps a 128-bit hash
+// of it): entries past their time are dropped when met and when room is
+// needed, and otherwise the one that expires first. No goroutine is started. Locally refused requests are
 // counted in [Stats].DenyCacheHits.
 //
 // It is off by default because it answers from a copy of the store's
