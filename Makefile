@@ -7,14 +7,27 @@ PKGS        := ./...
 BENCHCOUNT  ?= 6
 BENCHTIME   ?= 1s
 
-.PHONY: test fmt vet lint race allocs submodules bench benchstat fuzz test-faults
+.PHONY: test test-unit redis fmt vet lint race allocs submodules bench benchstat fuzz test-faults
 
 ## test: everything CI runs — formatting, vet, staticcheck, the race-enabled
 ## tests, which start real redis-server processes (a single node and a Cluster),
 ## and the allocation tests without the race detector;
 ## the same for the promobserver module, and vet for the bench module (its
-## benchmarks run with `make bench-peers`).
-test: fmt vet lint race allocs submodules
+## benchmarks run with `make bench-peers`). Without redis-server it fails,
+## saying how to install it (REDIS_ADDR=host:port uses a server you run).
+test: redis fmt vet lint race allocs submodules
+
+## test-unit: the same without Redis: the tests that need a real redis-server
+## skip (on miniredis the unit tests still cover the Redis store).
+test-unit: fmt vet lint allocs
+	TOLLGATE_UNIT=1 $(GO) test -race -count=1 -timeout 10m $(PKGS)
+	cd promobserver && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+redis:
+	@if [ -z "$$REDIS_ADDR" ] && ! { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1; then \
+		echo "make test needs redis-server and redis-cli on the PATH: install them (Debian: apt-get install -y redis-server; macOS: brew install redis), or set REDIS_ADDR=host:port; make test-unit runs the unit tests alone" >&2; \
+		exit 1; \
+	fi
 
 submodules:
 	cd promobserver && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...

@@ -605,10 +605,17 @@ func Require(t testing.TB) {
 	requireBinaries(t, envAddr, serverBin)
 }
 
+// envUnit, when true, skips every test that needs a real redis-server
+// process: make test-unit sets it.
+const envUnit = "TOLLGATE_UNIT"
+
 // requireBinaries skips (or, under CI, fails) the test if any of bins is not
 // on PATH. env names the variable that would make them unnecessary.
 func requireBinaries(t testing.TB, env string, bins ...string) {
 	t.Helper()
+	if unit, _ := strconv.ParseBool(os.Getenv(envUnit)); unit && !isCI() {
+		t.Skip(envUnit + "=1 (make test-unit): this test needs a real redis-server; make test runs it")
+	}
 	var missing []string
 	for _, b := range bins {
 		if _, err := exec.LookPath(b); err != nil {

@@ -335,6 +335,7 @@ func runTB(f func()) {
 
 func TestRequire(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
+	t.Setenv(envUnit, "") // the missing-binary path, not make test-unit's skip
 	t.Setenv(envAddr, "")
 	t.Setenv(envClusterAddrs, "")
 	t.Setenv(envSentinelAddrs, "")
