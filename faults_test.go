@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -496,5 +497,68 @@ func TestFaultSentinelFailover(t *testing.T) {
 		if r := faultServe(h, ""); r.code != 200 || r.rateLimit == "" {
 			t.Fatalf("after the failover: %d RateLimit %q", r.code, r.rateLimit)
 		}
+	}
+}
+
+// TestFaultStallUnderFlood: two app servers with default options share one
+// Redis; one client floods both from 32 goroutines for 3 s, and Redis is
+// paused (SIGSTOP) for 0.2 s in the middle, longer than the budget. A stall
+// must not open the gate: the client gets at most the limit's allowance over
+// the run plus, per server, one burst and the rate over the stall and the
+// breaker's cooldown that follows (decided locally by FailLocal). Under
+// FailOpen the same flood gets every request of that second through.
+func TestFaultStallUnderFlood(t *testing.T) {
+	leaktest.Check(t)
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to stop")
+	}
+	lim := store.Limit{Rate: 50, Period: time.Second, Burst: 10}
+	prefix := fmt.Sprintf("faults:stall:%d:", time.Now().UnixNano())
+	var servers []http.Handler
+	for range 2 {
+		rdb := singleClient(t, srv.Addr)
+		servers = append(servers, faultLimiter(t, store.NewRedis(rdb, store.WithKeyPrefix(prefix)), lim,
+			middleware.WithName("stall"), middleware.WithKeyFunc(mustKey(keyfuncs.Static("flooder")))))
+	}
+	const run, pause = 3 * time.Second, 200 * time.Millisecond
+	var allowed, other atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for g := range 32 {
+		h := servers[g%len(servers)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(start) < run {
+				switch r := faultServe(h, ""); r.code {
+				case http.StatusOK:
+					allowed.Add(1)
+				case http.StatusTooManyRequests:
+				default:
+					other.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(run / 2)
+	srv.Pause()
+	time.Sleep(pause)
+	srv.Resume()
+	wg.Wait()
+	elapsed := time.Since(start)
+	shared := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+	// Locally, per server: a burst, then the rate while Redis is paused and
+	// for up to a cooldown (1 s) after, until the breaker's probe succeeds,
+	// plus the budget (100 ms) of each of the 5 failures that open it.
+	local := float64(lim.Burst) + float64(lim.Rate)*(pause+middleware.DefaultBreakerCooldown+5*middleware.DefaultTimeout).Seconds()
+	most := shared + float64(len(servers))*local
+	t.Logf("2 servers, default options, flood for %v, Redis paused %v: %d allowed; shared allowance %.0f, at most %.0f with the local fallback",
+		elapsed.Round(time.Millisecond), pause, allowed.Load(), shared, most)
+	if float64(allowed.Load()) > most {
+		t.Errorf("%d allowed; want at most %.0f: a stall must not open the gate", allowed.Load(), most)
+	}
+	if other.Load() != 0 {
+		t.Errorf("%d answers other than 200 and 429", other.Load())
 	}
 }
