@@ -413,3 +413,36 @@ type storeFunc func(ctx context.Context, key string, lim store.Limit, cost int) 
 func (f storeFunc) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
 	return f(ctx, key, lim, cost)
 }
+
+// FailLocal's bucket follows what the server let through while the store
+// answered: an outage does not hand a client that used its burst a fresh
+// one, here or at the next outage.
+func TestFailLocalNoFreshBurst(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	fs := &flakyStore{Store: m}
+	l := mustNew(t, fs, store.PerMinute(5), middleware.WithBreaker(0, 0), quiet) // default: FailLocal
+	h := l.Handler(okHandler)
+	allowed := func(n int) (ok int) {
+		for range n {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			if w.Code == 200 {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := allowed(8); got != 5 {
+		t.Fatalf("store healthy: %d of 8 allowed, want the burst of 5", got)
+	}
+	fs.down.Store(true)
+	if got := allowed(8); got != 0 {
+		t.Errorf("store down after the burst was used: %d allowed locally, want 0 (no fresh burst)", got)
+	}
+	fs.down.Store(false)
+	fs.down.Store(true)
+	if got := allowed(8); got != 0 {
+		t.Errorf("second outage: %d allowed locally, want 0", got)
+	}
+}
