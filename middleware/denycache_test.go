@@ -308,7 +308,8 @@ func TestDenyCacheSingleProbe(t *testing.T) {
 			gs := &gateStore{Store: store.NewMemory(store.WithClock(ft.wall), store.WithSweepInterval(0)),
 				entered: make(chan struct{}), release: make(chan struct{})}
 			l := mustNew(t, gs, lim, middleware.WithName("api"), middleware.WithDenyCache(10),
-				middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithBreaker(0, 0), quiet)
+				middleware.WithKeyFunc(mustKey(keyfuncs.Static("client"))), middleware.WithBreaker(0, 0), quiet,
+				middleware.WithFailurePolicy(middleware.FailOpen))
 			middleware.SetDenyCacheClock(l, ft.now)
 			h := l.Handler(okHandler)
 			serveCost(h, 1)
