@@ -126,11 +126,16 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 			return nil, fmt.Errorf("middleware: FailLocalShare(%d): %w", l.cfg.policy.replicas, err)
 		}
 		// No sweeper goroutine, so nothing to close: full buckets are
-		// dropped as they are read and when a shard is at capacity.
-		l.local = store.NewMemory(store.WithSweepInterval(0))
+		// dropped as they are read and when room is needed. At most
+		// localMaxKeys of them (about 16 MB): past that the local limit
+		// forgets the buckets nearest to full, which only the fallback feels.
+		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	return l, nil
 }
+
+// localMaxKeys bounds the buckets of FailLocal's in-process store.
+const localMaxKeys = 100_000
 
 // ErrBreakerOpen is wrapped by the error of an EventError for a
 // decision that took the failure policy because the circuit breaker is open.
