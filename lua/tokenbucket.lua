@@ -1,30 +1,12 @@
--- tollgate token bucket, version 4. See the lua package documentation.
---
--- Decides n >= 1 buckets together, all or nothing, on Redis's clock (TIME).
--- A bucket's state is its TAT, the instant it is full again; its debt
--- D = TAT - now, at least 0, is how far it is from full. Time counts in
--- units of 1/q microsecond, in which one token takes t units exactly.
---
--- KEYS[i]      the bucket key; on Redis Cluster all share a {hash tag}
--- ARGV[3i-2]   k = c*t: what taking c tokens adds to the debt; 0 reads the
---              bucket, a negative k gives -c tokens back (never above full)
--- ARGV[3i-1]   cap = burst*t, the bucket's capacity
--- ARGV[3i]     q
---              Integers: 1 <= cap <= 2^50, -cap <= k <= cap, 1 <= q <= 2^50.
--- Every k fits when, for every bucket, k <= 0 or D + k <= cap; then each
--- bucket's TAT becomes max(TAT, now) + k/q (or TAT - |k|/q for a refund),
--- else nothing is written.
--- Reply: {allowed, du1, df1, ..., dun, dfn}: allowed is 1 when the ks were
--- applied, else 0; bucket i's debt after the call is dui + dfi/q
--- microseconds (0 <= dfi < q).
---
--- State: the string "<u>" or "<u>+<f>/<q>", TAT = u + f/q microseconds of
--- Redis's clock (0 < f < q). A fraction counted in another q (another limit
--- on the key) is rounded up, never down; a value that is not a state is a
--- full bucket. Invariants: a TAT only moves forward, except by a refund; a
--- denial writes nothing; every write sets the key's expiry (PX) to the time
--- until the bucket is full, so no key lives without a TTL; a bucket that is
--- full again is deleted.
+-- tollgate token bucket, version 4: the protocol is in the lua package's
+-- documentation (lua/doc.go). In short: KEYS are n >= 1 buckets, decided
+-- together, all or nothing, on Redis's clock; ARGV holds k, cap and q per
+-- key (time in units of 1/q µs; k = cost*t, cap = burst*t); every k fits
+-- when k <= 0 or D + k <= cap for each bucket (D = max(TAT - now, 0)), and
+-- then each TAT becomes max(TAT, now) + k/q, else nothing is written. The
+-- reply is {allowed, du1, df1, ...}, each debt dui + dfi/q µs. A state is
+-- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every
+-- write sets the TTL to the time until full; a full bucket is deleted.
 
 local n = #KEYS
 if n < 1 or #ARGV ~= 3 * n then

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -126,6 +127,27 @@ func (r *Redis) Key(key string) string {
 	}
 	t := tag(key)
 	return r.prefix + "{" + string(t[:]) + "}" + stored
+}
+
+// Check runs the script once, on a key of its own that expires within a
+// millisecond, and returns what keeps the store from deciding, naming what to
+// grant, or nil: an ACL that forbids EVALSHA, EVAL or a command the script
+// runs (TIME, GET, SET, DEL), or a server or proxy without scripting.
+func (r *Redis) Check(ctx context.Context) error {
+	key := "#check:" + strconv.FormatInt(time.Now().UnixNano(), 36) // fresh: the script writes it
+	_, err := r.Take(ctx, key, Limit{Rate: 1, Period: time.Millisecond, Burst: 1}, 1)
+	var hint string
+	switch msg := strings.ToLower(fmt.Sprint(err)); {
+	case err == nil:
+		return nil
+	case strings.Contains(msg, "noperm"), strings.Contains(msg, "can't run this command"):
+		hint = "the Redis user may not run the script: grant +evalsha +eval +time +get +set +del (ACL SETUSER) on the store's keys"
+	case strings.Contains(msg, "unknown command"), strings.Contains(msg, "script"):
+		hint = "this Redis, or a proxy in front of it, cannot run Lua scripts (EVALSHA, EVAL)"
+	default:
+		return fmt.Errorf("store: check: %w", err)
+	}
+	return fmt.Errorf("store: check: %s: %w", hint, err)
 }
 
 // Take implements [Store]. A Redis error, or ctx ending first, is returned

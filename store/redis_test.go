@@ -455,3 +455,39 @@ func TestRedisLongTTL(t *testing.T) {
 		})
 	}
 }
+
+// Check says what keeps the store from deciding on a real server whose ACL
+// forbids the script (EVALSHA and EVAL), or a command inside it (SET), and
+// nothing on a server that allows them.
+func TestRedisCheckACL(t *testing.T) {
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to add ACL users to")
+	}
+	admin := srv.Client(t)
+	ctx := context.Background()
+	for user, rules := range map[string][]any{
+		"noscript": {"-evalsha", "-eval"},
+		"noset":    {"-set"},
+	} {
+		args := append([]any{"ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "+@all"}, rules...)
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %s: %v", user, err)
+		}
+	}
+	client := func(user string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: user, Password: "pw", ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	if err := store.NewRedis(srv.Client(t)).Check(ctx); err != nil {
+		t.Errorf("Check with the default user: %v, want nil", err)
+	}
+	for _, user := range []string{"noscript", "noset"} {
+		err := store.NewRedis(client(user)).Check(ctx)
+		if err == nil || !strings.Contains(err.Error(), "grant +evalsha +eval +time +get +set +del") {
+			t.Errorf("Check as %s: %v; want an error naming what to grant", user, err)
+		}
+		t.Logf("Check as %s: %v", user, err)
+	}
+}
