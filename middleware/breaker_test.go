@@ -446,3 +446,47 @@ func TestFailLocalNoFreshBurst(t *testing.T) {
 		t.Errorf("second outage: %d allowed locally, want 0", got)
 	}
 }
+
+// As a Limiter's, a Multi's local buckets follow what the server let
+// through: an outage gives no fresh burst.
+func TestFailLocalNoFreshBurstMulti(t *testing.T) {
+	var fail atomic.Bool
+	m := store.NewMemory()
+	defer m.Close()
+	multi, err := middleware.NewMulti(&failingMulti{Memory: m, fail: &fail},
+		[]middleware.Policy{{Name: "p", Limit: store.PerMinute(5)}}, middleware.WithBreaker(0, 0), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := multi.Handler(okHandler)
+	allowed := func(n int) (ok int) {
+		for range n {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			if w.Code == 200 {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := allowed(8); got != 5 {
+		t.Fatalf("store healthy: %d of 8 allowed, want the burst of 5", got)
+	}
+	fail.Store(true)
+	if got := allowed(8); got != 0 {
+		t.Errorf("store down after the burst was used: %d allowed locally, want 0 (no fresh burst)", got)
+	}
+}
+
+// failingMulti is a Memory store whose TakeAll fails while fail is set.
+type failingMulti struct {
+	*store.Memory
+	fail *atomic.Bool
+}
+
+func (f *failingMulti) TakeAll(ctx context.Context, reqs []store.Request) ([]store.Result, error) {
+	if f.fail.Load() {
+		return nil, errors.New("store down")
+	}
+	return f.Memory.TakeAll(ctx, reqs)
+}

@@ -272,19 +272,28 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			l.refuseFailed(w)
 			return
 		case c.policy.kind == failLocal && l.local != nil:
-			localReqs := slices.Clone(reqs)
-			for i := range localReqs {
-				localReqs[i].Limit = p.policies[i].local
-			}
-			res, err = m.localStore().TakeAll(r.Context(), localReqs)
+			res, err = m.localStore().TakeAll(r.Context(), m.localRequests(p, reqs))
 			local = true
 		}
 		if err != nil { // FailOpen, or a cost a local share cannot hold
 			next.ServeHTTP(w, r)
 			return
 		}
+	} else if l.local != nil && reqs[0].Cost > 0 && !slices.ContainsFunc(res, func(r store.Result) bool { return !r.Allowed }) {
+		// As a Limiter's: the local buckets follow what this server let
+		// through, so that an outage starts from them.
+		m.localStore().TakeAll(r.Context(), m.localRequests(p, reqs))
 	}
 	m.respond(w, r, next, p, reqs, subjects, res, latency, local)
+}
+
+// localRequests is reqs under the policies' local shares, for FailLocal.
+func (m *Multi) localRequests(p *plan, reqs []store.Request) []store.Request {
+	local := slices.Clone(reqs)
+	for i := range local {
+		local[i].Limit = p.policies[i].local
+	}
+	return local
 }
 
 // localStore is the in-process store of FailLocal.
