@@ -490,3 +490,44 @@ func (f *failingMulti) TakeAll(ctx context.Context, reqs []store.Request) ([]sto
 	}
 	return f.Memory.TakeAll(ctx, reqs)
 }
+
+// A Redis user whose ACL forbids the script is a configuration error: it is
+// logged once per limiter, counted as "store_config", and the failure
+// policy decides every request meanwhile.
+func TestScriptRefusedReportedOnce(t *testing.T) {
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to add an ACL user to")
+	}
+	ctx := context.Background()
+	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "noeval", "reset", "on", ">pw", "~*", "+@all", "-evalsha", "-eval").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noeval", Password: "pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&lockedWriter{w: &logged, mu: &logMu}, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	var kinds sync.Map
+	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), middleware.WithBreaker(0, 0),
+		middleware.WithFailurePolicy(middleware.FailClosed),
+		on(middleware.EventError, func(e middleware.Event) { kinds.Store(middleware.ErrorKind(e.Err), true) }))
+	h := l.Handler(okHandler)
+	for range 5 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != 503 {
+			t.Errorf("status %d, want 503 (FailClosed)", w.Code)
+		}
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if n := strings.Count(logged.String(), "cannot run its script"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logged.String())
+	}
+	if _, ok := kinds.Load("store_config"); !ok {
+		t.Errorf("no EventError of kind store_config")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/bits"
 	"net/http"
 	"runtime"
@@ -34,10 +35,12 @@ type Limiter struct {
 	site   string        // where New was called; see defaultName
 	bound  bool          // apply cfg.timeout to store calls
 	mem    *store.Memory // the store, if a Memory: decided on the key's bytes
-	peerIP bool          // the KeyFunc is keyfuncs.PeerIP; see appendKey
-	hooks  bool          // the observer or the allow-list needs the subject as a string
-	brk    *breaker      // nil: no breaker
-	local  *store.Memory
+	// configOnce logs the first store error that is a configuration error.
+	configOnce sync.Once
+	peerIP     bool     // the KeyFunc is keyfuncs.PeerIP; see appendKey
+	hooks      bool     // the observer or the allow-list needs the subject as a string
+	brk        *breaker // nil: no breaker
+	local      *store.Memory
 	// localLimit is the limit divided among replicas, for FailLocal.
 	localLimit store.Limit
 	hdr        *headers.Cache // nil: no rate-limit headers
@@ -148,6 +151,18 @@ func (l *Limiter) BreakerState() BreakerState {
 		return BreakerClosed
 	}
 	return BreakerState(l.brk.state.Load())
+}
+
+// reportConfig logs, once per limiter, a store error that no retry will
+// cure (the Redis user may not run the script; see store.Redis.Check): the
+// failure policy decides every request until it is fixed.
+func (l *Limiter) reportConfig(err error) {
+	if scriptRefused(err) {
+		l.configOnce.Do(func() {
+			slog.Error("tollgate: the store cannot run its script; the failure policy decides every request "+
+				"until this is fixed (store.Redis.Check names what to grant)", "limiter", l.cfg.name, "error", err)
+		})
+	}
 }
 
 // breakerChanged reports a transition to the Observer, or without one to
@@ -318,6 +333,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 		l.storeErrors.Add(1)
 		err = fmt.Errorf("middleware: %s: %w", c.name, err)
+		l.reportConfig(err)
 		l.observe(r, Event{Kind: EventError, Key: subject, Cost: cost, Latency: d.latency, Err: err})
 		l.observe(r, Event{Kind: EventFallback, Key: subject, Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
 		switch {

@@ -263,6 +263,7 @@ func (m *Multi) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		l.storeErrors.Add(1)
 		err = fmt.Errorf("middleware: %s: %w", c.name, err)
+		l.reportConfig(err)
 		for i := range p.policies {
 			m.observe(r, &p.policies[i], Event{Kind: EventError, Key: subjects[i], Cost: cost, Latency: latency, Err: err})
 			m.observe(r, &p.policies[i], Event{Kind: EventFallback, Key: subjects[i], Cost: cost, Policy: c.policy, Err: err, DryRun: c.dryRun})

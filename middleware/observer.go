@@ -159,9 +159,13 @@ func knownClass(ns string) (string, bool) {
 
 // ErrorKind classifies an event's error without its text, which may quote
 // the key: "timeout", "canceled", "breaker_open", "no_key", "cost",
-// "config" or "store".
+// "config", "store_config" (the store's Redis refuses the script: an ACL
+// without EVALSHA, EVAL or a command inside it, or no scripting; see
+// store.Redis.Check) or "store".
 func ErrorKind(err error) string {
 	switch {
+	case scriptRefused(err):
+		return "store_config"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	case errors.Is(err, context.Canceled):
@@ -176,6 +180,17 @@ func ErrorKind(err error) string {
 		return "no_key"
 	}
 	return "store"
+}
+
+// scriptRefused reports whether err says Redis will not run the script at
+// all, whatever the load: a configuration to fix, not a passing failure.
+func scriptRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "noperm") || strings.Contains(msg, "can't run this command") ||
+		strings.Contains(msg, "unknown command")
 }
 
 // SlogObserver returns an [Observer] that logs events to l: denials,
