@@ -25,9 +25,9 @@ const shards = 64
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
 // mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
 // behind read-write locks, each bucket with a mutex held for a few integer
-// operations per decision; a bucket is known by a seeded hash of its key. Past MaxKeys, a new key drops a full bucket or
-// forgets the one nearest to full ([Memory.Evicted]), which can only loosen
-// that key's limit. Memory is safe for concurrent use; its zero value is not
+// operations per decision, known by a seeded hash of its key. Past MaxKeys, a
+// new key drops a full bucket or forgets the one nearest to full
+// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe for concurrent use; its zero value is not
 // usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards        [shards]shard
@@ -53,23 +53,18 @@ type shard struct {
 	_       [24]byte           // keep shards on separate cache lines
 }
 
-// An id names a key's bucket: two 64-bit hashes of the key, each with a seed
-// of its own made at random for the store, so that no caller can aim at a
-// collision (one in 2^128). The store keeps no key, so a long one costs no
-// more, and finding a bucket reads no key bytes but the caller's. That cache
-// miss fewer than comparing a stored copy gives 1.2-1.3x the decisions over
-// 100,000 keys, for 0.9x on one hot key (the second hash): medians of 8
-// passes of go test -bench 'Decide/memory/tollgate' in bench/.
+// An id names a key's bucket: two 64-bit hashes of the key, each with a random
+// seed of the store's (a collision is one in 2^128, and no caller can aim at
+// one). The store keeps no key, and reads no key bytes but the caller's: a cache
+// miss fewer, 1.2-1.3x the decisions over 100,000 keys and 0.9x on one hot key
+// (medians of 8 passes of go test -bench 'Decide/memory/tollgate' in bench/).
 type id [2]uint64
 
 func (m *Memory) id(key string) id {
 	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
 }
 
-func (m *Memory) shard(k id) *shard { return &m.shards[k[0]%shards] }
-
-// A bucket is one key's state, dead once dropped from its shard, 64 bytes (a
-// cache line of its own).
+// A bucket is one key's state, dead once dropped from its shard: 64 bytes.
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
@@ -179,7 +174,7 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 
 // decide adds k units to key's bucket (k < 0: gives back), describing it in res.
 func (m *Memory) decide(res *Result, key id, p *params, k int64) {
-	sh := m.shard(key)
+	sh := &m.shards[key[0]%shards]
 	sh.mu.RLock()
 	bk := sh.find(key)
 	sh.mu.RUnlock()
@@ -361,7 +356,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			}
 			d.bk.mu.Unlock()
 		}
-		out[i] = ps[i].result(d.du, d.df, d.k, all)
+		ps[i].fill(&out[i], d.du, d.df, d.k, all)
 	}
 	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
 		if all && d.k > 0 && d.bk == nil {

@@ -129,25 +129,18 @@ func (r *Redis) Key(key string) string {
 	return r.prefix + "{" + string(t[:]) + "}" + stored
 }
 
-// Check runs the script once, on a key of its own that expires within a
-// millisecond, and returns what keeps the store from deciding, naming what to
-// grant, or nil: an ACL that forbids EVALSHA, EVAL or a command the script
-// runs (TIME, GET, SET, DEL), or a server or proxy without scripting.
+// Check runs the script once, on a fresh key that expires within a millisecond,
+// and returns what keeps the store from deciding, or nil: an ACL that forbids
+// the script or a command in it (naming what to grant), or no scripting.
 func (r *Redis) Check(ctx context.Context) error {
-	key := "#check:" + strconv.FormatInt(time.Now().UnixNano(), 36) // fresh: the script writes it
+	key := "#check:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	_, err := r.Take(ctx, key, Limit{Rate: 1, Period: time.Millisecond, Burst: 1}, 1)
-	var hint string
-	switch msg := strings.ToLower(fmt.Sprint(err)); {
-	case err == nil:
-		return nil
-	case strings.Contains(msg, "noperm"), strings.Contains(msg, "can't run this command"):
-		hint = "the Redis user may not run the script: grant +evalsha +eval +time +get +set +del (ACL SETUSER) on the store's keys"
-	case strings.Contains(msg, "unknown command"), strings.Contains(msg, "script"):
-		hint = "this Redis, or a proxy in front of it, cannot run Lua scripts (EVALSHA, EVAL)"
-	default:
+	if msg := strings.ToLower(fmt.Sprint(err)); strings.Contains(msg, "noperm") || strings.Contains(msg, "can't run this command") {
+		return fmt.Errorf("store: check: the Redis user may not run the script: grant +evalsha +eval +time +get +set +del (ACL SETUSER): %w", err)
+	} else if err != nil {
 		return fmt.Errorf("store: check: %w", err)
 	}
-	return fmt.Errorf("store: check: %s: %w", hint, err)
+	return nil
 }
 
 // Take implements [Store]. A Redis error, or ctx ending first, is returned
@@ -172,7 +165,9 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	return p.result(debts[0], debts[1], k, allowed), nil
+	var res Result
+	p.fill(&res, debts[0], debts[1], k, allowed)
+	return res, nil
 }
 
 // TakeAll implements [MultiStore] in one atomic script call on a single node or
@@ -208,7 +203,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			return nil, err
 		}
 		for _, i := range g {
-			out[i] = ps[i].result(debts[2*i], debts[2*i+1], k(i), allowed)
+			ps[i].fill(&out[i], debts[2*i], debts[2*i+1], k(i), allowed)
 		}
 		if allowed {
 			continue
@@ -218,7 +213,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		for _, g := range groups[:gi] {
 			for _, i := range g {
 				du, df := ps[i].after(debts[2*i], debts[2*i+1], -k(i))
-				out[i] = ps[i].result(du, df, k(i), false)
+				ps[i].fill(&out[i], du, df, k(i), false)
 			}
 		}
 		for _, g := range groups[gi+1:] {
@@ -227,7 +222,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			}
 			if _, err := r.group(ctx, reqs, ps, g, 0, debts); err == nil {
 				for _, i := range g {
-					out[i] = ps[i].result(debts[2*i], debts[2*i+1], k(i), false)
+					ps[i].fill(&out[i], debts[2*i], debts[2*i+1], k(i), false)
 				}
 			}
 		}
