@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -423,16 +424,7 @@ func TestFailLocalNoFreshBurst(t *testing.T) {
 	fs := &flakyStore{Store: m}
 	l := mustNew(t, fs, store.PerMinute(5), middleware.WithBreaker(0, 0), quiet) // default: FailLocal
 	h := l.Handler(okHandler)
-	allowed := func(n int) (ok int) {
-		for range n {
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
-			if w.Code == 200 {
-				ok++
-			}
-		}
-		return ok
-	}
+	allowed := func(n int) int { return countAllowed(h, n) }
 	if got := allowed(8); got != 5 {
 		t.Fatalf("store healthy: %d of 8 allowed, want the burst of 5", got)
 	}
@@ -459,16 +451,7 @@ func TestFailLocalNoFreshBurstMulti(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := multi.Handler(okHandler)
-	allowed := func(n int) (ok int) {
-		for range n {
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
-			if w.Code == 200 {
-				ok++
-			}
-		}
-		return ok
-	}
+	allowed := func(n int) int { return countAllowed(h, n) }
 	if got := allowed(8); got != 5 {
 		t.Fatalf("store healthy: %d of 8 allowed, want the burst of 5", got)
 	}
@@ -530,4 +513,16 @@ func TestScriptRefusedReportedOnce(t *testing.T) {
 	if _, ok := kinds.Load("store_config"); !ok {
 		t.Errorf("no EventError of kind store_config")
 	}
+}
+
+// countAllowed sends n requests through h and counts the 200s.
+func countAllowed(h http.Handler, n int) (ok int) {
+	for range n {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code == 200 {
+			ok++
+		}
+	}
+	return ok
 }
