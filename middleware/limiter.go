@@ -354,7 +354,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		// The local bucket follows what this server let through, so that a
 		// switch to FailLocal starts from it: a client that was flooding
 		// gets no fresh burst per outage. (One Memory decision per allowed
-		// request: under a tenth of a percent of a Redis round trip.)
+		// request, 0.1-0.5 µs, against tens of µs for the Redis round trip.)
 		l.local.TakeBytes(r.Context(), key, l.localLimit, cost)
 	}
 	keyBufs.Put(kb) // the key is not used past here: next may take long
