@@ -1,0 +1,26 @@
+// Package tollgate is net/http rate-limiting middleware whose limits are
+// shared by every server of an application through Redis: one atomic Lua call
+// per decision, on Redis's own clock, answering 429 Too Many Requests with
+// Retry-After and the IETF RateLimit headers. An in-process store with the
+// same semantics serves single servers, tests and degraded mode.
+//
+// This package holds only this overview. The work is done by:
+//
+//   - [github.com/tollgate-go/tollgate/middleware]: the Limiter (and Multi, for
+//     several limits per request): key, cost, store decision within a time
+//     budget, headers, then the next handler or a 429; the failure policy
+//     when the store fails (FailLocal by default) and a circuit breaker.
+//   - [github.com/tollgate-go/tollgate/store]: the Store interface, Limit and
+//     Result; the Redis store (go-redis v9, Cluster included) and the Memory
+//     store.
+//   - [github.com/tollgate-go/tollgate/keyfuncs]: what a request is keyed by —
+//     the client's address behind trusted proxies, an API key, a user, a
+//     route, or several joined.
+//   - [github.com/tollgate-go/tollgate/headers]: the RateLimit and
+//     RateLimit-Policy fields of draft-ietf-httpapi-ratelimit-headers, the
+//     older RateLimit-* and X-RateLimit-* sets, and Retry-After.
+//   - [github.com/tollgate-go/tollgate/lua]: the Redis script and its protocol,
+//     for services in other languages that share the buckets.
+//
+// See the README for a quickstart, and the Example below.
+package tollgate
