@@ -148,12 +148,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // is answered within the budget, the breaker makes the rest cheap, and
 // limiting resumes after SIGCONT.
 func TestRedisHungFailOpen(t *testing.T) {
-	srv := redistest.Server(t)
-	if srv.External {
-		t.Skip("needs a redis-server of its own to stop")
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
-	t.Cleanup(func() { rdb.Close() })
+	srv, rdb := stoppableRedis(t)
 	const budget = 50 * time.Millisecond
 	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), store.PerMinute(1000),
 		middleware.WithTimeout(budget), middleware.WithBreaker(5, 500*time.Millisecond), quiet,
@@ -255,12 +250,7 @@ func TestFailLocalHoldsShare(t *testing.T) {
 // on this server (a burst, then the rate), decided locally, and Redis
 // decides again once it answers.
 func TestRedisHungDefaultKeepsLimit(t *testing.T) {
-	srv := redistest.Server(t)
-	if srv.External {
-		t.Skip("needs a redis-server of its own to stop")
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
-	t.Cleanup(func() { rdb.Close() })
+	srv, rdb := stoppableRedis(t)
 	lim := store.Limit{Rate: 20, Period: time.Second, Burst: 10}
 	l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+":")), lim, quiet,
 		middleware.WithKeyFunc(mustKey(keyfuncs.Static("flood"))))
@@ -525,4 +515,17 @@ func countAllowed(h http.Handler, n int) (ok int) {
 		}
 	}
 	return ok
+}
+
+// stoppableRedis starts a redis-server of the test's own, which it can stop
+// with SIGSTOP, and a client of it that gives up at the context's deadline.
+func stoppableRedis(t *testing.T) (*redistest.Instance, *redis.Client) {
+	t.Helper()
+	srv := redistest.Server(t)
+	if srv.External {
+		t.Skip("needs a redis-server of its own to stop")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
 }
