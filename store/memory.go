@@ -24,11 +24,11 @@ const shards = 64
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
 // mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
-// behind read-write locks, each bucket with a mutex held for a few integer
-// operations per decision, known by a seeded hash of its key. Past MaxKeys, a
-// new key drops a full bucket or forgets the one nearest to full
-// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe for concurrent use; its zero value is not
-// usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
+// behind read-write locks, each with a mutex held for a few integer operations
+// per decision. Past MaxKeys, a new key drops a full bucket or forgets the one
+// nearest to full ([Memory.Evicted]), which can only loosen that key's limit.
+// Memory is safe for concurrent use; its zero value is not usable: call
+// [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
@@ -45,30 +45,25 @@ type Memory struct {
 
 // A shard is one map of buckets, found under its read lock and decided under
 // their own. Buckets come and go under the write lock; a new one starts at
-// dropped or later: a stale clock refills none.
-//
-// last is the bucket found last and lastID its id's first half, a hint that
-// one hot key (a global limit, a flooding client) is found with no write to
-// the shard: no read lock, whose counter both cores would bounce. The bucket's
-// own lock confirms the hint (the whole id, not dropped); a stale one costs
-// the lookup. 1.3-1.6x the decisions on one hot key at 16 and 64 goroutines,
-// the same over 100,000 keys (go test -bench 'Decide/memory/tollgate' in bench/,
-// medians of 10 passes).
+// dropped or later: a stale clock refills none. last and lastID (half its id)
+// hint at the bucket found last, so that one hot key (a global limit, a
+// flooding client) is found with no read lock, whose counter two cores would
+// bounce; the bucket's lock confirms it. 1.6x the decisions on one hot key at
+// 16 and 64 goroutines, the same over 100,000 keys (medians of 10 passes of
+// go test -bench 'Decide/memory/tollgate' in bench/).
 type shard struct {
 	mu      sync.RWMutex
-	buckets map[uint64]*bucket // by the id's first half; the second tells a chain apart
-	dropped int64              // the last instant a bucket was dropped at
+	buckets map[id]*bucket
+	dropped int64 // the last instant a bucket was dropped at
 	last    atomic.Pointer[bucket]
 	lastID  atomic.Uint64
 	_       [8]byte // keep shards on separate cache lines
 }
 
-// An id names a key's bucket: two 64-bit hashes of the key, each with a random
-// seed of the store's (a collision is one in 2^128, and no caller can aim at
-// one). The store keeps no key, and reads no key bytes but the caller's: a cache
-// miss fewer, 1.2-1.3x the decisions over 100,000 keys and 0.9x on one hot key
-// (the second hash; medians of 8 passes of go test -bench 'Decide/memory/tollgate'
-// in bench/).
+// An id names a key's bucket: two seeded 64-bit hashes of the key (a collision
+// is one in 2^128, and no caller can aim at one). The store keeps no key bytes:
+// a cache miss fewer, 1.2-1.3x the decisions over 100,000 keys, for a second
+// hash (medians of 8 passes of go test -bench 'Decide/memory/tollgate' in bench/).
 type id [2]uint64
 
 func (m *Memory) id(key string) id {
@@ -76,22 +71,12 @@ func (m *Memory) id(key string) id {
 }
 
 // A bucket is one key's state, dead once dropped from its shard: 64 bytes.
-// Its id is read under its lock: a hint from the shard may point elsewhere.
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
 	dead bool
-	id   id
-	next *bucket
-}
-
-// find returns key's bucket in sh, or nil. The caller holds sh.mu.
-func (sh *shard) find(key id) *bucket {
-	bk := sh.buckets[key[0]]
-	for bk != nil && bk.id != key {
-		bk = bk.next
-	}
-	return bk
+	id   id // read under mu: a hint may point to another bucket
+	_    [8]byte
 }
 
 // MemoryOption configures a [Memory] store.
@@ -140,7 +125,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[uint64]*bucket)
+		m.shards[i].buckets = make(map[id]*bucket)
 		m.shards[i].dropped = math.MinInt64 // none yet, whatever the clock says
 	}
 	if m.sweep > 0 {
@@ -189,7 +174,7 @@ func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 	bk := sh.last.Load()
 	if bk == nil || sh.lastID.Load() != key[0] {
 		sh.mu.RLock()
-		bk = sh.find(key)
+		bk = sh.buckets[key]
 		sh.mu.RUnlock()
 		if bk != nil {
 			sh.last.Store(bk)
@@ -219,7 +204,7 @@ func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 	now = max(now, sh.dropped)
 	var du, df int64
 	allowed := true
-	if bk = sh.find(key); bk != nil {
+	if bk = sh.buckets[key]; bk != nil {
 		bk.mu.Lock()
 		du, df, allowed = bk.take(p, now, k)
 		bk.mu.Unlock()
@@ -249,23 +234,13 @@ func (m *Memory) insert(sh *shard, key id, s tat, now int64, held []*shard) {
 			m.evict(held, now)
 		}
 	}
-	sh.buckets[key[0]] = &bucket{s: s, id: key, next: sh.buckets[key[0]]}
+	sh.buckets[key] = &bucket{s: s, id: key}
 }
 
 // drop removes bk from sh. The caller holds sh's write lock and bk.mu.
 func (m *Memory) drop(sh *shard, bk *bucket, now int64) {
 	bk.dead = true
-	switch head := sh.buckets[bk.id[0]]; {
-	case head == bk && bk.next == nil:
-		delete(sh.buckets, bk.id[0])
-	case head == bk:
-		sh.buckets[bk.id[0]] = bk.next
-	default:
-		for head.next != bk {
-			head = head.next
-		}
-		head.next = bk.next
-	}
+	delete(sh.buckets, bk.id)
 	sh.dropped = max(sh.dropped, now)
 	m.live.Add(-1)
 }
@@ -294,7 +269,7 @@ func (m *Memory) evict(held []*shard, now int64) {
 // full at now, else the nearest to full, and reports if it did; sh.mu is held.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	vb, vt, n := (*bucket)(nil), tat{}, 0
-	for _, bk := range sh.buckets { // the first bucket of each chain will do
+	for _, bk := range sh.buckets {
 		bk.mu.Lock()
 		s := bk.s
 		bk.mu.Unlock()
@@ -357,7 +332,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	for i, q := range reqs {
 		d := &ds[i]
 		d.k = int64(q.Cost) * ps[i].t
-		if d.bk = in[i].find(ids[i]); d.bk != nil {
+		if d.bk = in[i].buckets[ids[i]]; d.bk != nil {
 			d.bk.mu.Lock()
 			d.du, d.df = ps[i].debt(d.bk.s, now)
 		}
@@ -421,12 +396,10 @@ func (m *Memory) sweepLoop(every time.Duration) {
 			sh.mu.Lock()
 			now := m.now()
 			for _, bk := range sh.buckets {
-				for ; bk != nil; bk = bk.next {
-					if bk.mu.Lock(); bk.s.fullAt(now) {
-						m.drop(sh, bk, now)
-					}
-					bk.mu.Unlock()
+				if bk.mu.Lock(); bk.s.fullAt(now) {
+					m.drop(sh, bk, now)
 				}
+				bk.mu.Unlock()
 			}
 			sh.mu.Unlock()
 		}
