@@ -674,12 +674,30 @@ func TestFailClosedResponse(t *testing.T) {
 	}
 }
 
-// A Multi has no deny cache: asking for one is an error, not ignored.
-func TestMultiRefusesDenyCache(t *testing.T) {
+// The deny cache keeps one bucket's denials: on a plan of several policies,
+// asking for one is an error, not ignored; on a plan of one it works as on a
+// Limiter.
+func TestMultiDenyCache(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()
-	_, err := middleware.NewMulti(m, []middleware.Policy{{Limit: store.PerMinute(1)}}, middleware.WithDenyCache(100))
+	two := []middleware.Policy{{Name: "a", Limit: store.PerMinute(1)}, {Name: "b", Limit: store.PerMinute(2)}}
+	_, err := middleware.NewMulti(m, two, middleware.WithDenyCache(100))
 	if err == nil || !strings.Contains(err.Error(), "WithDenyCache") {
-		t.Errorf("NewMulti with WithDenyCache: %v, want an error naming WithDenyCache", err)
+		t.Errorf("NewMulti of two policies with WithDenyCache: %v, want an error naming WithDenyCache", err)
+	}
+	one, err := middleware.NewMulti(m, []middleware.Policy{{Name: "one", Limit: store.PerMinute(1)}}, middleware.WithDenyCache(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := one.Handler(okHandler)
+	for i, want := range []int{200, 429, 429, 429} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		if w.Code != want {
+			t.Errorf("request %d: %d, want %d", i, w.Code, want)
+		}
+	}
+	if got := one.Stats().DenyCacheHits; got != 2 {
+		t.Errorf("%d deny cache hits, want 2 (the store refused the second request)", got)
 	}
 }

@@ -2,12 +2,9 @@ package middleware
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net"
 	"net/http"
-
-	"github.com/tollgate-go/tollgate/store"
 )
 
 // statusWriter records the status code a handler writes.
@@ -51,36 +48,9 @@ func (s *statusWriter) code() int {
 	return s.status
 }
 
-// serveRefunding serves the request, then gives its cost back to the
-// store key if the refund rule says so.
-func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next http.Handler, key string, cost int) {
-	sw := &statusWriter{ResponseWriter: w}
-	next.ServeHTTP(sw, r)
-	if !l.cfg.refund(r, sw.code()) {
-		return
-	}
-	if l.BreakerState() == BreakerOpen {
-		l.refundFailed(r, cost, ErrBreakerOpen) // no waiting on a store known to fail
-		return
-	}
-	refunder := l.store.(store.Refunder) // checked by New
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
-	defer cancel()
-	_, err := refunder.Refund(ctx, key, l.limit, cost)
-	if err != nil {
-		l.refundFailed(r, cost, err)
-		return
-	}
-	if l.deny != nil {
-		// Tokens came back: a denial cached meanwhile may be wrong now.
-		// (Other servers' caches keep theirs until they expire.)
-		l.deny.forget([]byte(key))
-	}
-}
-
 // refundFailed reports a refund that could not be made: the tokens stay
 // taken.
 func (l *Limiter) refundFailed(r *http.Request, cost int, err error) {
 	err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
-	l.observe(r, Event{Kind: EventError, Cost: cost, Err: err})
+	l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: cost, Err: err})
 }
