@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -528,4 +529,41 @@ func stoppableRedis(t *testing.T) (*redistest.Instance, *redis.Client) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
 	t.Cleanup(func() { rdb.Close() })
 	return srv, rdb
+}
+
+// FailLocal's store is swept: its buckets, full again, are dropped without
+// a sweeper goroutine of their own (a Limiter has no Close).
+func TestFailLocalStoreIsSwept(t *testing.T) {
+	defer middleware.SetLocalSweep(time.Millisecond)()
+	down := storeFunc(func(context.Context, string, store.Limit, int) (store.Result, error) {
+		return store.Result{}, errors.New("down")
+	})
+	l := mustNew(t, down, store.Limit{Rate: 100, Period: time.Second, Burst: 1}, middleware.WithBreaker(0, 0), quiet,
+		middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-Client"))))
+	h := l.Handler(okHandler)
+	serve := func(client string) int {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Client", client)
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	for i := range 100 {
+		if code := serve(strconv.Itoa(i)); code != http.StatusOK {
+			t.Fatalf("client %d: %d, want 200 from the local bucket", i, code)
+		}
+	}
+	if n := middleware.LocalLen(l); n == 0 {
+		t.Fatalf("no local buckets after 100 clients")
+	}
+	// 10 ms after its request each bucket is full again; the next local
+	// decision starts a sweep.
+	deadline := time.Now().Add(5 * time.Second)
+	for middleware.LocalLen(l) > 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d local buckets 5s after they were full; want them swept", middleware.LocalLen(l))
+		}
+		time.Sleep(20 * time.Millisecond)
+		serve("sweeper")
+	}
 }

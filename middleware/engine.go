@@ -316,6 +316,11 @@ func (l *Limiter) call(ctx context.Context, fn func(context.Context) ([]store.Re
 // takeLocal decides q on FailLocal's in-process store, under the local
 // shares, into q.res unless it only mirrors what the store allowed.
 func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error {
+	// The local store is swept every localSweep by a goroutine that ends
+	// with the sweep: a Limiter has no Close that could stop a sweeper.
+	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
+		go l.local.Sweep()
+	}
 	if len(q.p.policies) == 1 {
 		res, err := l.local.TakeBytes(ctx, q.keyOf(0), q.p.policies[0].local, q.cost)
 		if err == nil && !mirror {

@@ -8,3 +8,14 @@ func SetDenyCacheClock(l *Limiter, now func() time.Duration) { l.deny.now = now 
 
 // DenyCacheLen returns the number of entries in l's deny cache.
 func DenyCacheLen(l *Limiter) int { return l.deny.len() }
+
+// LocalLen returns the number of buckets in l's FailLocal store.
+func LocalLen(l *Limiter) int { return l.local.Len() }
+
+// SetLocalSweep makes FailLocal's store swept every d, until the returned
+// function restores the default.
+func SetLocalSweep(d time.Duration) (restore func()) {
+	old := localSweep
+	localSweep = d
+	return func() { localSweep = old }
+}

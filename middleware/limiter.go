@@ -41,6 +41,8 @@ type Limiter struct {
 	hooks bool // the observer or the allow-list needs subjects as strings
 	brk   *breaker
 	local *store.Memory // FailLocal's store
+	// localSwept is when the local store was last swept (monotonicNow).
+	localSwept atomic.Int64
 	deny  *denyCache    // nil: no deny cache
 	// configOnce logs the first store error that is a configuration error.
 	configOnce sync.Once
@@ -123,16 +125,20 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	}
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
 		// No sweeper goroutine, so nothing to close: full buckets are
-		// dropped as they are read and when room is needed. At most
-		// localMaxKeys of them (about 16 MB): past that the local limit
-		// forgets the buckets nearest to full, which only the fallback feels.
+		// dropped as they are read, when room is needed and by takeLocal's
+		// sweeps. At most localMaxKeys of them (about 8 MB): past that the
+		// local limit forgets the buckets nearest to full, which only the
+		// fallback feels.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	return l, nil
 }
 
-// localMaxKeys bounds the buckets of FailLocal's in-process store.
+// localMaxKeys bounds the buckets of FailLocal's in-process store, which
+// drops its full ones every localSweep.
 const localMaxKeys = 100_000
+
+var localSweep = store.DefaultSweepInterval // a variable for tests
 
 // ErrBreakerOpen is wrapped by the error of an EventError for a
 // decision that took the failure policy because the circuit breaker is open.

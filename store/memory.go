@@ -391,18 +391,24 @@ func (m *Memory) sweepLoop(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		for i := range m.shards { // drop every full bucket, a shard at a time
-			sh := &m.shards[i]
-			sh.mu.Lock()
-			now := m.now()
-			for _, bk := range sh.buckets {
-				if bk.mu.Lock(); bk.s.fullAt(now) {
-					m.drop(sh, bk, now)
-				}
-				bk.mu.Unlock()
+		m.Sweep()
+	}
+}
+
+// Sweep drops every full bucket now, a shard at a time, as the background
+// sweeper does; for a store made without one ([WithSweepInterval](0)).
+func (m *Memory) Sweep() {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		now := m.now()
+		for _, bk := range sh.buckets {
+			if bk.mu.Lock(); bk.s.fullAt(now) {
+				m.drop(sh, bk, now)
 			}
-			sh.mu.Unlock()
+			bk.mu.Unlock()
 		}
+		sh.mu.Unlock()
 	}
 }
 
