@@ -43,7 +43,7 @@ type Limiter struct {
 	local *store.Memory // FailLocal's store
 	// localSwept is when the local store was last swept (monotonicNow).
 	localSwept atomic.Int64
-	deny  *denyCache    // nil: no deny cache
+	deny       *denyCache // nil: no deny cache
 	// configOnce logs the first store error that is a configuration error.
 	configOnce sync.Once
 
