@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate-go/tollgate/internal/race"
 )
 
 func TestCacheWritesWhatWriteWrites(t *testing.T) {
@@ -94,7 +96,7 @@ func TestCacheConcurrent(t *testing.T) {
 }
 
 func TestCacheAllocations(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	c := NewCache(Default, "api", 100, 0, time.Minute)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/httprate"
 
+	"github.com/tollgate-go/tollgate/internal/race"
 	"github.com/tollgate-go/tollgate/keyfuncs"
 )
 
@@ -337,7 +338,7 @@ func TestAppendPeerIP(t *testing.T) {
 			t.Errorf("AppendPeerIP(%q, %q) = %q, %v; want %q and an error wrapping ErrNoKey", "x", remoteAddr, got, err, "x")
 		}
 	}
-	if testing.Short() || raceEnabled {
+	if testing.Short() || race.Enabled {
 		return
 	}
 	for _, remoteAddr := range []string{"192.0.2.1:1234", "[2001:db8:1:2:3:4:5:6]:443"} {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate-go/tollgate/headers"
+	"github.com/tollgate-go/tollgate/internal/race"
 	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
@@ -31,7 +32,7 @@ func steppingClock() func() time.Time {
 // with the default headers and the default key (the response writer's
 // header map is reused, as benchWriter does, so what remains would be ours).
 func TestAllowedPathAllocatesNothing(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	m := store.NewMemory(store.WithClock(steppingClock()), store.WithSweepInterval(0))

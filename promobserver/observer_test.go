@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/tollgate-go/tollgate/internal/race"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/promobserver"
 	"github.com/tollgate-go/tollgate/store"
@@ -443,7 +444,7 @@ func TestConcurrent(t *testing.T) {
 }
 
 func TestObserveAllocs(t *testing.T) {
-	if raceEnabled {
+	if race.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	obs := newObserver(t, promobserver.WithMaxLimiters(1))
