@@ -23,7 +23,7 @@ import (
 var (
 	batchingFlag = flag.String("batching", "0,4",
 		"comma-separated n of the tollgate-batch<n> variants on Redis, with store.WithBatching(n) "+
-			"(needs -tags tollgate_batching; empty for none)")
+			"(empty for none)")
 	poolFlag = flag.Int("pool", 64, "PoolSize of every go-redis client")
 )
 
@@ -84,10 +84,6 @@ func variants(b *testing.B, backend string) []variant {
 			continue
 		}
 		if *batchingFlag == "" {
-			continue
-		}
-		if !peers.BatchingBuilt() {
-			b.Logf("tollgate-batch variants left out: built without -tags tollgate_batching")
 			continue
 		}
 		for _, f := range strings.Split(*batchingFlag, ",") {

@@ -15,13 +15,6 @@
 //   - cmd/report: runs everything against a redis-server it starts and
 //     writes BENCHMARKS.md (make bench-peers).
 //
-// # Build switches
-//
-// Two tollgate options are compiled in only with build tags, so that the
-// module builds while they are being written: tollgate_batching
-// (store.WithBatching) and tollgate_denycache (middleware.WithDenyCache).
-// cmd/report turns each on when the module compiles with it.
-//
 // # Running
 //
 //	go run ./cmd/report -out ../BENCHMARKS.md            # everything, about 8 minutes on 2 cores

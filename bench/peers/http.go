@@ -16,14 +16,6 @@ import (
 	"github.com/tollgate-go/tollgate/middleware"
 )
 
-// denyCache is middleware.WithDenyCache when the module is built with the
-// tollgate_denycache tag (denycache.go), else nil.
-var denyCache func(maxKeys int) middleware.Option
-
-// DenyCacheBuilt reports whether this build can run tollgate's middleware
-// with middleware.WithDenyCache (build tag tollgate_denycache).
-func DenyCacheBuilt() bool { return denyCache != nil }
-
 // KeyFunc names the client a request counts against.
 type KeyFunc func(r *http.Request) (string, error)
 
@@ -35,9 +27,6 @@ func NewMiddleware(c Config, key KeyFunc) (func(http.Handler) http.Handler, func
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
-	if c.DenyCache != 0 && !DenyCacheBuilt() {
-		return nil, nil, fmt.Errorf("peers: middleware.WithDenyCache: %w (build with -tags tollgate_denycache)", ErrNotBuilt)
-	}
 	nop := func() error { return nil }
 	l := c.Limit
 	switch c.Lib {
@@ -45,7 +34,7 @@ func NewMiddleware(c Config, key KeyFunc) (func(http.Handler) http.Handler, func
 		st, closeFn := tollgateStore(c)
 		opts := []middleware.Option{middleware.WithKeyFunc(keyfuncs.KeyFunc(key)), middleware.WithName("bench")}
 		if c.DenyCache != 0 {
-			opts = append(opts, denyCache(c.DenyCache))
+			opts = append(opts, middleware.WithDenyCache(c.DenyCache))
 		}
 		lim, err := middleware.New(st, l, opts...)
 		if err != nil {

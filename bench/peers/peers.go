@@ -70,18 +70,6 @@ func Libs(backend string) []string {
 	return nil
 }
 
-// ErrNotBuilt is returned for a tollgate option that this build does not
-// include; see [BatchingBuilt] and [DenyCacheBuilt].
-var ErrNotBuilt = errors.New("not in this build")
-
-// batching is store.WithBatching when the module is built with the
-// tollgate_batching tag (batching.go), else nil.
-var batching func(n int) store.RedisOption
-
-// BatchingBuilt reports whether this build can run tollgate's Redis store with
-// store.WithBatching (build tag tollgate_batching).
-func BatchingBuilt() bool { return batching != nil }
-
 // Config says which library to run, on which backend, under which limit.
 // The zero values of Batching and DenyCache leave tollgate's defaults.
 type Config struct {
@@ -119,9 +107,6 @@ func (c Config) check() error {
 			}
 			if c.Batching != nil && c.Backend != Redis {
 				return fmt.Errorf("peers: batching needs the redis backend")
-			}
-			if c.Batching != nil && !BatchingBuilt() {
-				return fmt.Errorf("peers: store.WithBatching: %w (build with -tags tollgate_batching)", ErrNotBuilt)
 			}
 			return nil
 		}
@@ -190,7 +175,7 @@ func tollgateStore(c Config) (store.Store, func() error) {
 	}
 	var opts []store.RedisOption
 	if c.Batching != nil {
-		opts = append(opts, batching(*c.Batching))
+		opts = append(opts, store.WithBatching(*c.Batching))
 	}
 	st := store.NewRedis(c.Client, opts...)
 	// A store with batching may run goroutines that a Close stops.

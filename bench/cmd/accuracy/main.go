@@ -54,7 +54,7 @@ func run() error {
 	var (
 		addr       = flag.String("redis", "127.0.0.1:6379", "Redis address")
 		libs       = flag.String("libs", strings.Join(peers.Libs(peers.Redis), ","), "comma-separated libraries")
-		batching   = flag.String("batching", "", "comma-separated n: also run tollgate-batch<n> with store.WithBatching(n) (needs -tags tollgate_batching)")
+		batching   = flag.String("batching", "", "comma-separated n: also run tollgate-batch<n> with store.WithBatching(n)")
 		d          = flag.Duration("d", 5*time.Second, "duration of each run")
 		goroutines = flag.Int("goroutines", 64, "goroutines in all, spread over the instances")
 		instances  = flag.Int("instances", 4, "independent limiters, each with its own client")

@@ -40,9 +40,7 @@ func (r *report) accuracy(ctx context.Context) error {
 		"-rate", strconv.Itoa(accRate), "-burst", strconv.Itoa(accBurst),
 		"-goroutines", strconv.Itoa(accGoroutines), "-instances", strconv.Itoa(accInstances),
 		"-baseline", "-json"}
-	if r.hasTag("tollgate_batching") {
-		args = append(args, "-batching", "0")
-	}
+	args = append(args, "-batching", "0")
 	out, err := runCmd(ctx, r.bin("accuracy"), args...)
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {

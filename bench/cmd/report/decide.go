@@ -34,10 +34,8 @@ type report struct {
 	cores                        int
 	loadStart, loadEnd           string
 
-	tags    []string
-	tagErrs map[string]string // build tag → first compile error
-	redis   *proc.Redis
-	bin     func(name string) string
+	redis *proc.Redis
+	bin   func(name string) string
 
 	failures  []string
 	durations []string
@@ -48,8 +46,6 @@ type report struct {
 	accRows      []accResult
 	ceilRows     []ceilRow
 }
-
-func (r *report) hasTag(tag string) bool { return contains(r.tags, tag) }
 
 // flushRedis empties the report's redis-server between parts.
 func (r *report) flushRedis(ctx context.Context) error {
@@ -69,14 +65,7 @@ func (r *report) decide(ctx context.Context) error {
 	}
 	args := []string{"test", "-run", "^$", "-bench", "^BenchmarkDecide$", "-benchmem",
 		"-count", "1", "-benchtime", r.cfg.benchtime, "-timeout", "30m"}
-	if len(r.tags) > 0 {
-		args = append(args, "-tags", strings.Join(r.tags, ","))
-	}
-	batching := ""
-	if r.hasTag("tollgate_batching") {
-		batching = r.cfg.batching
-	}
-	args = append(args, ".", "-args", "-batching="+batching)
+	args = append(args, ".", "-args", "-batching="+r.cfg.batching)
 
 	f, err := os.Create(decideOut)
 	if err != nil {

@@ -51,13 +51,11 @@ func (r *report) httpVariants(backend string) []httpVariant {
 		if lib != peers.Tollgate {
 			continue
 		}
-		if backend == peers.Redis && r.hasTag("tollgate_batching") {
+		if backend == peers.Redis {
 			vs = append(vs, httpVariant{name: "tollgate-batch0", lib: lib, flags: []string{"-batching", "0"}})
 		}
-		if r.hasTag("tollgate_denycache") {
-			vs = append(vs, httpVariant{name: "tollgate-denycache", lib: lib,
-				flags: []string{"-deny-cache", strconv.Itoa(r.cfg.denyCache)}})
-		}
+		vs = append(vs, httpVariant{name: "tollgate-denycache", lib: lib,
+			flags: []string{"-deny-cache", strconv.Itoa(r.cfg.denyCache)}})
 	}
 	return vs
 }

@@ -36,13 +36,6 @@ import (
 // benchstat is the version the root Makefile uses.
 const benchstat = "golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da"
 
-// buildTags are the build switches of package peers, each used when the
-// module compiles with it.
-var buildTags = []struct{ tag, option string }{
-	{"tollgate_batching", "store.WithBatching"},
-	{"tollgate_denycache", "middleware.WithDenyCache"},
-}
-
 type config struct {
 	goBin      string
 	out        string
@@ -131,10 +124,6 @@ func run() error {
 	if err := r.machine(ctx); err != nil {
 		return err
 	}
-	r.tags, r.tagErrs = detectTags(ctx, c.goBin)
-	for _, t := range buildTags {
-		logf("build switch %s (%s): %v", t.tag, t.option, r.hasTag(t.tag))
-	}
 
 	rdb, err := proc.StartRedis(tmp)
 	if err != nil {
@@ -192,37 +181,9 @@ func run() error {
 	return nil
 }
 
-// detectTags returns the build switches with which package peers compiles,
-// and why each of the others does not.
-func detectTags(ctx context.Context, goBin string) (ok []string, why map[string]string) {
-	why = map[string]string{}
-	for _, t := range buildTags {
-		// Tried three times: the library is being edited while this runs,
-		// and a file caught half-written fails to compile for a moment.
-		for try := 1; ; try++ {
-			out, err := exec.CommandContext(ctx, goBin, "build", "-tags", t.tag, "./peers").CombinedOutput()
-			if err == nil {
-				ok = append(ok, t.tag)
-				break
-			}
-			if try == 3 || ctx.Err() != nil {
-				why[t.tag] = firstLine(string(out))
-				logf("%s does not compile (%v): %s", t.option, err, why[t.tag])
-				break
-			}
-			time.Sleep(2 * time.Second)
-		}
-	}
-	return ok, why
-}
-
-// buildCommands builds cmd/server, cmd/load and cmd/accuracy into dir, with
-// the build switches that compile.
+// buildCommands builds cmd/server, cmd/load and cmd/accuracy into dir.
 func (r *report) buildCommands(ctx context.Context, dir string) error {
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if len(r.tags) > 0 {
-		args = append(args, "-tags", strings.Join(r.tags, ","))
-	}
 	args = append(args, "./cmd/server", "./cmd/load", "./cmd/accuracy")
 	out, err := exec.CommandContext(ctx, r.cfg.goBin, args...).CombinedOutput()
 	if err != nil {

@@ -72,14 +72,6 @@ func (r *report) markdown() []byte {
 	p("- **Command:** `make bench-peers`, which runs `cd bench && go run ./cmd/report %s`\n", strings.Join(r.args, " "))
 	p("- **Run time:** %s (%s)\n", r.elapsed.Round(time.Second), strings.Join(r.durations, ", "))
 	p("- **Versions:** %s\n", r.versions())
-	for _, t := range buildTags {
-		if r.hasTag(t.tag) {
-			p("- **`%s`:** built in (`-tags %s`).\n", t.option, t.tag)
-		} else {
-			p("- **`%s`:** left out: the bench module did not compile with `-tags %s` when this ran "+
-				"(not in the library yet, or the library was mid-edit): `%s`.\n", t.option, t.tag, r.tagErrs[t.tag])
-		}
-	}
 	if len(r.failures) > 0 {
 		p("\n**Parts that failed in this run:**\n\n")
 		for _, f := range r.failures {
@@ -387,18 +379,13 @@ func (r *report) ceilingPeer(run ceilRun) (variant string, goroutines int) {
 	if run.conns == 1 {
 		goroutines = 1
 	}
-	batching := r.hasTag("tollgate_batching")
 	switch {
-	case run.pipeline > 1 && batching:
-		return peers.Tollgate, goroutines // batching is the store's default
 	case run.pipeline > 1:
-		return "", 0
-	case batching && contains(r.decideRes.libs(peers.Redis), "tollgate-batch0"):
+		return peers.Tollgate, goroutines // batching is the store's default
+	case contains(r.decideRes.libs(peers.Redis), "tollgate-batch0"):
 		return "tollgate-batch0", goroutines
-	case batching:
-		return "", 0
 	}
-	return peers.Tollgate, goroutines
+	return "", 0
 }
 
 func backendTitle(backend string) string {
