@@ -16,7 +16,7 @@ import (
 
 	"github.com/tollgate-go/tollgate/internal/leaktest"
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/internal/storetest"
+	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/lua"
 	"github.com/tollgate-go/tollgate/store"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/internal/storetest"
+	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/store"
 )
 

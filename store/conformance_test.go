@@ -8,7 +8,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate-go/tollgate/internal/storetest"
+	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/store"
 )
 
@@ -74,3 +74,12 @@ func TestContentionMemory(t *testing.T) {
 		return m
 	}, 300*time.Millisecond)
 }
+
+// Both stores implement every part of the conformance suite, which skips
+// the parts of a store that does not.
+var (
+	_ store.MultiStore = (*store.Memory)(nil)
+	_ store.Refunder   = (*store.Memory)(nil)
+	_ store.MultiStore = (*store.Redis)(nil)
+	_ store.Refunder   = (*store.Redis)(nil)
+)
