@@ -2,12 +2,16 @@ module github.com/tollgate-go/tollgate/promobserver
 
 go 1.23.0
 
+// promobserver requires the core at its own version: the two are tagged
+// together (v0.1.0 and promobserver/v0.1.0). The replace serves builds in
+// this repository; modules that depend on promobserver ignore it and get
+// that version of the core.
 replace github.com/tollgate-go/tollgate => ../
 
 require (
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/common v0.66.1
-	github.com/tollgate-go/tollgate v0.0.0-00010101000000-000000000000
+	github.com/tollgate-go/tollgate v0.1.0
 )
 
 require (
