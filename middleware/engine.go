@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"strings"
 	"sync"
@@ -160,6 +161,9 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		// request, 0.1-0.5 µs, against tens of µs for the Redis round trip.)
 		l.takeLocal(r.Context(), q, true)
 	}
+	if err == nil && !q.local && !l.wait(r, q) {
+		return // the client went away while it waited: its tokens are back
+	}
 	l.respond(w, r, next, q)
 }
 
@@ -230,7 +234,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	if len(q.p.policies) > 1 {
 		reqs := make([]store.Request, len(q.p.policies))
 		for i := range reqs {
-			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].limit, Cost: q.cost}
+			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].limit, Cost: q.cost, MaxDelay: l.cfg.delay}
 		}
 		res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) { return l.ms.TakeAll(ctx, reqs) })
 		q.res = res
@@ -250,9 +254,12 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
 		var res store.Result
 		var err error
-		if l.mem != nil { // reads the key's bytes, which the caller reuses after
+		switch {
+		case l.delayer != nil:
+			res, err = l.delayer.TakeDelayed(ctx, string(key), lim, q.cost, l.cfg.delay)
+		case l.mem != nil: // reads the key's bytes, which the caller reuses after
 			res, err = l.mem.TakeBytes(ctx, key, lim, q.cost)
-		} else { // a copy: Redis hands its key to a client that can outlive the call
+		default: // a copy: Redis hands its key to a client that can outlive the call
 			res, err = l.store.Take(ctx, string(key), lim, q.cost)
 		}
 		q.res = append(q.res[:0], res)
@@ -275,7 +282,7 @@ func (l *Limiter) recordDenial(key []byte, lim store.Limit, cost int, verdict de
 		// bucket holds cost again, at ResetAfter - (Burst-cost)*T, which
 		// the answer gives exactly (less a microsecond for its rounding).
 		// Keep refusing locally until then.
-		wait := res[0].ResetAfter - tokenTimeUp(lim, lim.Burst-cost) - time.Microsecond
+		wait := res[0].ResetAfter - tokenTimeUp(lim, lim.Burst-cost) - time.Microsecond - l.cfg.delay
 		if wait > 0 {
 			l.deny.denied(key, lim, cost, store.Result{RetryAfter: wait, ResetAfter: res[0].ResetAfter})
 		} else {
@@ -321,8 +328,15 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
 		go l.local.Sweep()
 	}
+	delay := time.Duration(0) // a fallback never waits; a mirror follows the store
+	if mirror {
+		delay = l.cfg.delay
+	}
 	if len(q.p.policies) == 1 {
 		res, err := l.local.TakeBytes(ctx, q.keyOf(0), q.p.policies[0].local, q.cost)
+		if delay > 0 {
+			res, err = l.local.TakeDelayed(ctx, string(q.keyOf(0)), q.p.policies[0].local, q.cost, delay)
+		}
 		if err == nil && !mirror {
 			q.res = append(q.res[:0], res)
 		}
@@ -330,13 +344,62 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 	}
 	reqs := make([]store.Request, len(q.p.policies))
 	for i := range reqs {
-		reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].local, Cost: q.cost}
+		reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].local, Cost: q.cost, MaxDelay: delay}
 	}
 	res, err := l.local.TakeAll(ctx, reqs)
 	if err == nil && !mirror {
 		q.res = res
 	}
 	return err
+}
+
+// wait holds an allowed request until its tokens are due (WithDelay): the
+// longest Delay over its policies. It reports false if the client went away
+// meanwhile, and then gives the tokens back.
+func (l *Limiter) wait(r *http.Request, q *request) bool {
+	var d time.Duration
+	for i := range q.res {
+		if q.res[i].Allowed {
+			d = max(d, q.res[i].Delay)
+		}
+	}
+	if d <= 0 || l.cfg.dryRun {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		for i := range q.res {
+			q.res[i] = aged(q.res[i], d)
+		}
+		return true
+	case <-r.Context().Done():
+		keys := q.refund[:0]
+		for i := range q.p.policies {
+			keys = append(keys, string(q.keyOf(i)))
+		}
+		l.giveBack(r, q, keys)
+		return false
+	}
+}
+
+// aged returns res as it stands d later if nothing else takes from its
+// bucket: the headers of a request that waited d describe the state after it.
+func aged(res store.Result, d time.Duration) store.Result {
+	lim := res.Limit
+	res.ResetAfter = max(res.ResetAfter-d, 0)
+	// Whole tokens missing: ResetAfter × Rate / Period, rounded up.
+	missing := lim.Burst
+	if hi, lo := bits.Mul64(uint64(res.ResetAfter), uint64(lim.Rate)); hi < uint64(lim.Period) {
+		n, rem := bits.Div64(hi, lo, uint64(lim.Period))
+		if rem > 0 {
+			n++
+		}
+		missing = int(min(n, uint64(lim.Burst)))
+	}
+	res.Remaining = lim.Burst - missing
+	return res
 }
 
 // observe sends e, from the limiter or policy named name, to the observer.
@@ -357,6 +420,12 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	c := &l.cfg
 	allowed := allAllowed(q.res)
 	violated := 0
+	var delay time.Duration
+	for i := range q.res {
+		if allowed {
+			delay = max(delay, q.res[i].Delay)
+		}
+	}
 	for i := range q.p.policies {
 		if c.observer != nil {
 			kind := EventAllowed
@@ -364,7 +433,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 				kind = EventDenied
 			}
 			l.observe(r, q.p.policies[i].event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
-				Result: q.res[i], Local: q.local, DryRun: c.dryRun})
+				Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
 		}
 		if q.res[i].RetryAfter > q.res[violated].RetryAfter {
 			violated = i
@@ -423,9 +492,14 @@ func quota(pol *policy, res store.Result) headers.Quota {
 func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
-	if !l.cfg.refund(r, sw.code()) {
-		return
+	if l.cfg.refund(r, sw.code()) {
+		l.giveBack(r, q, q.refund)
 	}
+}
+
+// giveBack gives q's cost back to every policy's bucket, keys[i] that of
+// policy i, within the budget even if the client has gone.
+func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	if l.BreakerState() == BreakerOpen {
 		l.refundFailed(r, q.cost, ErrBreakerOpen) // no waiting on a store known to fail
 		return
@@ -433,7 +507,7 @@ func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next ht
 	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
-	for i, key := range q.refund {
+	for i, key := range keys {
 		if _, err := refunder.Refund(ctx, key, q.p.policies[i].limit, q.cost); err != nil {
 			l.refundFailed(r, q.cost, err)
 		} else if l.deny != nil {
@@ -446,6 +520,9 @@ func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next ht
 
 // newPolicy returns the policy named name (already checked) of limit, in tier.
 func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc) (policy, error) {
+	if err := limit.ValidateDelay(l.cfg.delay); err != nil {
+		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
+	}
 	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":{"}
 	if tier != "" {
 		pol.event, pol.prefix = tier+"/"+name, tier+"/"+pol.prefix

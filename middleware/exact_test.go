@@ -13,10 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
+	"github.com/tollgate-go/tollgate/storetest"
 )
 
 // The exactness of the whole request path on the real clock, with many

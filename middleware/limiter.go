@@ -35,12 +35,14 @@ type Limiter struct {
 	site  string           // where New was called; see defaultName
 	bound bool             // apply cfg.timeout to store calls
 	mem   *store.Memory    // the store, if a Memory: decided on the key's bytes
-	plans map[string]*plan // by tier, for a Multi
-	def   *plan            // the plan of a Limiter, and of a Multi's unknown tiers
-	of    func(*http.Request) string
-	hooks bool // the observer or the allow-list needs subjects as strings
-	brk   *breaker
-	local *store.Memory // FailLocal's store
+	// delayer is the store, with WithDelay.
+	delayer store.Delayer
+	plans   map[string]*plan // by tier, for a Multi
+	def     *plan            // the plan of a Limiter, and of a Multi's unknown tiers
+	of      func(*http.Request) string
+	hooks   bool // the observer or the allow-list needs subjects as strings
+	brk     *breaker
+	local   *store.Memory // FailLocal's store
 	// localSwept is when the local store was last swept (monotonicNow).
 	localSwept atomic.Int64
 	deny       *denyCache // nil: no deny cache
@@ -115,6 +117,12 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
+		}
+	}
+	if l.cfg.delay > 0 {
+		_, refunds := s.(store.Refunder)
+		if l.delayer, _ = s.(store.Delayer); l.delayer == nil || !refunds {
+			return nil, fmt.Errorf("middleware: WithDelay: %T cannot take tokens ahead of time and give them back (store.Delayer and store.Refunder)", s)
 		}
 	}
 	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {

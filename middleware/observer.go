@@ -76,6 +76,7 @@ type Event struct {
 	Latency  time.Duration // time spent deciding (the store call, or zero)
 	Result   store.Result  // the decision (Allowed, Remaining, …); zero for errors
 	Local    bool          // decided in process: the deny cache, or FailLocal
+	Delay    time.Duration // allowed: how long the request waited for its tokens (WithDelay; in dry-run mode, would have)
 	DryRun   bool          // the limiter is in dry-run mode
 	Policy   FailurePolicy // for EventFallback: the policy that decided
 	Err      error         // for EventError (and EventFallback): what failed

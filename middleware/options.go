@@ -117,6 +117,7 @@ type config struct {
 	breakerFailures int
 	breakerCooldown time.Duration
 	denyKeys        int
+	delay           time.Duration
 	observer        Observer
 	refund          func(*http.Request, int) bool
 	allowNets       []netip.Prefix
@@ -240,6 +241,29 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 			return fmt.Errorf("WithBreaker: cooldown %v: must be positive", cooldown)
 		}
 		c.breakerFailures, c.breakerCooldown = failures, cooldown
+		return nil
+	}
+}
+
+// WithDelay lets a request that would be refused wait for its tokens, as
+// nginx's limit_req does with a burst and no nodelay: if they will be there
+// within max, they are taken now, in the same store call (its place in line
+// is kept), and the request is served when they are due; one that would
+// wait longer is refused at once. Waiting requests are thus spaced at the
+// rate. A client that goes away while it waits gets its tokens given back.
+// The default, 0, refuses at once.
+//
+// A waiting request holds its goroutine (and its connection): at most
+// max × Rate / Period of them per key. A store failure never makes a
+// request wait (the failure policy decides at once); in dry-run mode the
+// wait is reported (Event.Delay), not applied. The store must be a
+// [store.Delayer] and a [store.Refunder], as both of tollgate's are.
+func WithDelay(max time.Duration) Option {
+	return func(c *config) error {
+		if max < 0 {
+			return fmt.Errorf("WithDelay(%v): the wait must not be negative", max)
+		}
+		c.delay = max
 		return nil
 	}
 }

@@ -15,11 +15,14 @@ import (
 // in int64 and in the doubles of Redis's Lua (exact to 2^53).
 const maxProduct = 1 << 50
 
-// params is a valid Limit in the arithmetic's units, script arguments boxed once.
+// params is a valid Limit in the arithmetic's units, script arguments boxed
+// once. A Take fits if the debt stays within fit: cap, or more for a Take
+// that may wait (delayed).
 type params struct {
 	l                Limit
-	q, t, cap, capUs int64  // capUs = cap/q+1: a debt of more whole µs exceeds cap
-	args             [2]any // cap and q, for the script
+	q, t, cap, fit   int64
+	fitUs            int64  // fit/q+1: a debt of more whole µs exceeds fit
+	args             [2]any // fit and q, for the script
 	k1               any    // t: the script's k for a cost of 1
 }
 
@@ -48,7 +51,23 @@ func newParams(l Limit) (*params, error) {
 		return nil, l.invalid("Burst*Period/gcd(Rate, Period in µs) must not exceed 2^50")
 	}
 	c := int64(lo) // the capacity
-	return &params{l: l, q: q, t: t, cap: c, capUs: c/q + 1, args: [2]any{c, q}, k1: t}, nil
+	return &params{l: l, q: q, t: t, cap: c, fit: c, fitUs: c/q + 1, args: [2]any{c, q}, k1: t}, nil
+}
+
+// delayed returns p for a Take that may fill the bucket up to maxDelay
+// beyond its capacity, its Result.Delay the time until it is within.
+func (p *params) delayed(maxDelay time.Duration) (params, error) {
+	d := *p
+	if maxDelay < 0 {
+		return d, p.l.invalid("MaxDelay must not be negative, got %s", maxDelay)
+	}
+	hi, lo := bits.Mul64(uint64(maxDelay/time.Microsecond), uint64(p.q))
+	if hi != 0 || lo > maxProduct-uint64(p.fit) {
+		return d, p.l.invalid("MaxDelay %s: the bucket and its queue must not exceed 2^50 units", maxDelay)
+	}
+	d.fit += int64(lo)
+	d.fitUs, d.args[0] = d.fit/d.q+1, d.fit
+	return d, nil
 }
 
 // tat is a bucket's state, TAT = u + f/q µs; the zero value (q 0) is full.
@@ -68,7 +87,7 @@ func (p *params) debt(s tat, now int64) (du, df int64) {
 
 // fits reports whether k = cost*t units fit in debt (du, df); k <= 0 always does.
 func (p *params) fits(du, df, k int64) bool {
-	return k <= 0 || (du <= p.capUs && du*p.q+df+k <= p.cap)
+	return k <= 0 || (du <= p.fitUs && du*p.q+df+k <= p.fit)
 }
 
 // after returns the debt (du, df) plus k units (k < 0: given back, not below 0).
@@ -101,17 +120,19 @@ func (p *params) fill(res *Result, du, df, k int64, allowed bool) {
 		res.ResetAfter += time.Microsecond
 	}
 	res.Remaining = 0
-	if du <= p.capUs {
+	if du <= p.fitUs {
 		if left := p.cap - du*p.q - df; left > 0 && p.t == 1 {
 			res.Remaining = int(left)
 		} else if left > 0 {
 			res.Remaining = int(left / p.t)
 		}
 	}
-	res.RetryAfter = 0
+	res.RetryAfter, res.Delay = 0, 0
 	if !allowed && k > 0 {
-		// D + k - cap, in whole microseconds rounded up.
-		res.RetryAfter = micros(max(du+ceilDiv(df+k-p.cap, p.q), 0))
+		// D + k - fit, in whole microseconds rounded up.
+		res.RetryAfter = micros(max(du+ceilDiv(df+k-p.fit, p.q), 0))
+	} else if k > 0 && p.fit > p.cap && du*p.q+df > p.cap {
+		res.Delay = micros(du + ceilDiv(df-p.cap, p.q)) // D - cap
 	}
 }
 

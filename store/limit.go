@@ -38,6 +38,17 @@ func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst
 // (about 35 years to refill). The error wraps [ErrInvalidLimit], naming the field.
 func (l Limit) Validate() error { _, err := newParams(l); return err }
 
+// ValidateDelay reports whether a [Delayer] can take l's tokens up to
+// maxDelay ahead: maxDelay at least 0, and the bucket with its queue within
+// the 2^50 units of Validate. The error wraps [ErrInvalidLimit].
+func (l Limit) ValidateDelay(maxDelay time.Duration) error {
+	p, err := newParams(l)
+	if err == nil {
+		_, err = p.delayed(maxDelay)
+	}
+	return err
+}
+
 // String returns a compact form of l, such as "100/1m0s burst 10".
 func (l Limit) String() string { return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst) }
 
@@ -52,6 +63,7 @@ type Result struct {
 	Remaining  int           // whole tokens left after this decision
 	RetryAfter time.Duration // denied: time until this cost can succeed; allowed: 0
 	ResetAfter time.Duration // time until the bucket is full again
+	Delay      time.Duration // allowed ahead of its tokens (see Delayer): the time until they are due
 }
 
 // Store decides token-bucket limits; implementations are safe for concurrent
@@ -61,4 +73,15 @@ type Result struct {
 // invalid limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) or a broken store.
 type Store interface {
 	Take(ctx context.Context, key string, limit Limit, cost int) (Result, error)
+}
+
+// Delayer is a [Store] that can take tokens ahead of time, for requests that
+// wait for them (middleware.WithDelay) instead of being refused.
+type Delayer interface {
+	// TakeDelayed is Take, but cost tokens that will be there within
+	// maxDelay are taken now, and the Result allows the request after its
+	// Delay: the requests that wait are spaced at the rate. One that would
+	// wait longer is denied, consuming nothing, its RetryAfter the time
+	// until it would be taken. A maxDelay below 0 is an error.
+	TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error)
 }

@@ -159,6 +159,19 @@ func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost in
 	return res, nil
 }
 
+// TakeDelayed implements [Delayer].
+func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (res Result, err error) {
+	p, k, err := m.limits.units(key, limit, cost, false)
+	var d params
+	if err == nil {
+		d, err = p.delayed(maxDelay)
+	}
+	if err == nil {
+		m.decide(&res, m.id(key), &d, k)
+	}
+	return res, err
+}
+
 // Refund implements [Refunder].
 func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
 	p, k, err := m.limits.units(key, limit, tokens, true)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Request asks [MultiStore.TakeAll] for Cost tokens from bucket Key under Limit.
@@ -11,6 +12,9 @@ type Request struct {
 	Key   string
 	Limit Limit
 	Cost  int
+	// MaxDelay takes the tokens ahead of time, as [Delayer] does; the
+	// requests all wait for the longest Delay.
+	MaxDelay time.Duration
 }
 
 // MultiStore is a [Store] that decides several buckets at once, all or nothing,
@@ -37,10 +41,13 @@ type Refunder interface {
 var ErrDuplicateKey = errors.New("duplicate key")
 
 // checkRequests validates reqs and returns their params.
-func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
-	ps := make([]*params, len(reqs))
+func checkRequests(reqs []Request, lc *limitCache) ([]params, error) {
+	ps := make([]params, len(reqs))
 	for i, q := range reqs {
 		p, _, err := lc.units(q.Key, q.Limit, q.Cost, false)
+		if err == nil {
+			ps[i], err = p.delayed(q.MaxDelay)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -49,7 +56,6 @@ func checkRequests(reqs []Request, lc *limitCache) ([]*params, error) {
 				return nil, fmt.Errorf("store: take all: %w %q", ErrDuplicateKey, q.Key)
 			}
 		}
-		ps[i] = p
 	}
 	return ps, nil
 }

@@ -146,27 +146,36 @@ func (r *Redis) Check(ctx context.Context) error {
 // Take implements [Store]. A Redis error, or ctx ending first, is returned
 // wrapped; the decision is then the caller's (its failure policy).
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
-	return r.one(ctx, Request{key, limit, cost}, 1)
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1)
+}
+
+// TakeDelayed implements [Delayer].
+func (r *Redis) TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error) {
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost, MaxDelay: maxDelay}, 1)
 }
 
 // Refund implements [Refunder] with the same script and a negative cost.
 func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error) {
-	return r.one(ctx, Request{key, limit, tokens}, -1)
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: tokens}, -1)
 }
 
 // one decides q alone, a Take (sign 1) or a Refund (sign -1).
 func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) {
 	p, k, err := r.limits.units(q.Key, q.Limit, q.Cost, sign < 0)
+	var ps [1]params
+	if err == nil {
+		ps[0], err = p.delayed(q.MaxDelay)
+	}
 	if err != nil {
 		return Result{}, err
 	}
 	var debts [2]int64
-	allowed, err := r.group(ctx, []Request{q}, []*params{p}, []int{0}, sign, debts[:])
+	allowed, err := r.group(ctx, []Request{q}, ps[:], []int{0}, sign, debts[:])
 	if err != nil {
 		return Result{}, err
 	}
 	var res Result
-	p.fill(&res, debts[0], debts[1], k, allowed)
+	ps[0].fill(&res, debts[0], debts[1], k, allowed)
 	return res, nil
 }
 
@@ -236,7 +245,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 
 // group runs one script call for reqs at indexes g, costs times sign (1: take,
 // 0: read, -1: give back), and writes each one's debt into debts[2i:2i+2].
-func (r *Redis) group(ctx context.Context, reqs []Request, ps []*params, g []int, sign int64, debts []int64) (bool, error) {
+func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, sign int64, debts []int64) (bool, error) {
 	if r.client == nil {
 		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
 	}
@@ -267,7 +276,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []*params, g []int
 
 // giveBack refunds what the groups taken took on another goroutine, each call
 // with its own 100 ms deadline (so even after ctx's), waiting while ctx lasts.
-func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []*params, taken [][]int) {
+func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int) {
 	if len(taken) == 0 {
 		return
 	}

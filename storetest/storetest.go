@@ -188,6 +188,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("TakeAllAcrossTags", func(t *testing.T) { takeAll(t, h, false) })
 	t.Run("TakeAllInvalid", func(t *testing.T) { takeAllInvalid(t, h) })
 	t.Run("Refund", func(t *testing.T) { refund(t, h) })
+	t.Run("Delayed", func(t *testing.T) { delayed(t, h) })
 	t.Run("SmallerLimit", func(t *testing.T) { smallerLimit(t, h, false) })
 	t.Run("SmallerLimitTakeAll", func(t *testing.T) { smallerLimit(t, h, true) })
 	t.Run("TwoLimits", func(t *testing.T) { twoLimits(t, h) })
@@ -522,6 +523,57 @@ func refund(t *testing.T, h Harness) {
 	}
 	if _, err := s.Refund(ctx, key, store.Limit{}, 1); !errors.Is(err, store.ErrInvalidLimit) {
 		t.Errorf("Refund with an invalid limit = %v; want ErrInvalidLimit", err)
+	}
+}
+
+// delayed: TakeDelayed takes tokens ahead of time, each Take waiting a
+// token longer than the one before, up to maxDelay; past it a Take is
+// refused, consuming nothing, until it would fit; a plain Take and a read
+// see the queue as debt.
+func delayed(t *testing.T, h Harness) {
+	st := h.New(t)
+	s, ok := st.(store.Delayer)
+	if !ok {
+		t.Skipf("%T does not implement store.Delayer: TakeDelayed not checked", st)
+	}
+	ctx := context.Background()
+	key := Key(t)
+	lim := store.Limit{Rate: 10, Period: time.Hour, Burst: 5}
+	const tok = 6 * time.Minute // a token every 6 minutes
+	slack := h.Slack            // time passes on a real clock: durations shrink by that much
+	if h.Advance != nil {
+		slack = 0
+	}
+	near := func(got, want time.Duration) bool { return got <= want && got >= want-slack }
+	for i := range 15 {
+		r, err := s.TakeDelayed(ctx, key, lim, 1, time.Hour)
+		if want := time.Duration(max(i-4, 0)) * tok; err != nil || !r.Allowed || r.Remaining != max(4-i, 0) || !near(r.Delay, want) || r.RetryAfter != 0 {
+			t.Fatalf("TakeDelayed %d = %+v, %v; want allowed, %d left, Delay %v", i+1, r, err, max(4-i, 0), want)
+		}
+	}
+	r, err := s.TakeDelayed(ctx, key, lim, 1, time.Hour)
+	if err != nil || r.Allowed || !near(r.RetryAfter, tok) || r.Delay != 0 {
+		t.Errorf("TakeDelayed 16, an hour and 6 minutes away = %+v, %v; want denied, RetryAfter %v", r, err, tok)
+	}
+	r, err = st.Take(ctx, key, lim, 1)
+	if err != nil || r.Allowed || !near(r.RetryAfter, 11*tok) {
+		t.Errorf("Take behind the queue = %+v, %v; want denied, RetryAfter %v", r, err, 11*tok)
+	}
+	if r, err = st.Take(ctx, key, lim, 0); err != nil || r.Remaining != 0 || !near(r.ResetAfter, 15*tok) {
+		t.Errorf("read = %+v, %v; want 0 left, full in %v (the refusals took nothing)", r, err, 15*tok)
+	}
+	if _, err := s.TakeDelayed(ctx, key, lim, 1, -time.Second); !errors.Is(err, store.ErrInvalidLimit) {
+		t.Errorf("TakeDelayed(maxDelay -1s) = %v; want ErrInvalidLimit", err)
+	}
+	// TakeAll: each request's own MaxDelay, and a Delay per bucket.
+	other := Key(t)
+	if r, err := st.Take(ctx, other, lim, 5); err != nil || !r.Allowed {
+		t.Fatalf("Take(5) = %+v, %v", r, err)
+	}
+	rs, err := multi(t, st).TakeAll(ctx, []store.Request{
+		{Key: other, Limit: lim, Cost: 1, MaxDelay: time.Hour}, {Key: Key(t), Limit: lim, Cost: 1, MaxDelay: time.Hour}})
+	if err != nil || !rs[0].Allowed || !near(rs[0].Delay, tok) || rs[1].Delay != 0 || rs[1].Remaining != 4 {
+		t.Errorf("TakeAll with MaxDelay = %+v, %v; want allowed, Delays %v and 0", rs, err, tok)
 	}
 }
 

@@ -1,0 +1,316 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/internal/leaktest"
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/keyfuncs"
+	"github.com/tollgate-go/tollgate/middleware"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// delayStores runs f on a Memory store and on a real redis-server.
+func delayStores(t *testing.T, f func(t *testing.T, s store.Store)) {
+	t.Run("memory", func(t *testing.T) {
+		m := store.NewMemory()
+		t.Cleanup(func() { m.Close() })
+		f(t, m)
+	})
+	t.Run("redis", func(t *testing.T) {
+		f(t, store.NewRedis(redistest.Server(t).Client(t), store.WithKeyPrefix(t.Name()+":")))
+	})
+}
+
+// 25 requests at once on 10/s burst 5 with WithDelay(1s): 5 are served at
+// once, 10 wait for their tokens, spaced at the rate (never served before
+// their time), and 10 are refused without waiting.
+func TestDelaySpacesRequests(t *testing.T) {
+	delayStores(t, func(t *testing.T, s store.Store) {
+		lim := store.Limit{Rate: 10, Period: time.Second, Burst: 5}
+		l := mustNew(t, s, lim, middleware.WithName("delay"), middleware.WithDelay(time.Second), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("one"))))
+		h := l.Handler(okHandler)
+		type answer struct {
+			code      int
+			took      time.Duration
+			rateLimit string
+		}
+		answers := make([]answer, 25)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i := range answers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+				answers[i] = answer{w.Code, time.Since(start), w.Header().Get("RateLimit")}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		var served, refused []time.Duration
+		for _, a := range answers {
+			switch a.code {
+			case http.StatusOK:
+				served = append(served, a.took)
+			case http.StatusTooManyRequests:
+				refused = append(refused, a.took)
+			default:
+				t.Fatalf("status %d", a.code)
+			}
+		}
+		slices.Sort(served)
+		slices.Sort(refused)
+		// The arrivals may spread over a loaded machine's stalls, each 100 ms of
+		// which refills a token: never fewer than 15 served, a few more at most.
+		most := 15 + int(elapsed/(100*time.Millisecond)) - 10 // the waits themselves last 1 s
+		if len(served) < 15 || len(served) > max(most, 15)+1 {
+			t.Errorf("%d served, %d refused in %v; want 15 served (5 at once, 10 waiting), 10 refused", len(served), len(refused), elapsed)
+		}
+		// A token every 100 ms: the k-th waiting request is served no earlier
+		// than k×100 ms (timers fire late, never early).
+		for k, at := range served[5:] {
+			if want := time.Duration(k+1) * 100 * time.Millisecond; at < want-2*time.Millisecond {
+				t.Errorf("waiting request %d served at %v, before its tokens were due at %v", k+1, at, want)
+			}
+		}
+		for _, at := range refused {
+			if at >= time.Second {
+				t.Errorf("a refusal took %v: it waited", at)
+			}
+		}
+		var errs []time.Duration // how late each waiting request was served
+		for k, at := range served[5:] {
+			errs = append(errs, at-time.Duration(k+1)*100*time.Millisecond)
+		}
+		slices.Sort(errs)
+		if len(errs) > 0 && len(refused) > 0 {
+			t.Logf("served at %v; refusals within %v (p50 %v); waiting requests late by p50 %v, p99 %v",
+				roundAll(served), refused[len(refused)-1].Round(time.Millisecond), refused[len(refused)/2].Round(time.Millisecond),
+				errs[len(errs)/2].Round(time.Millisecond), errs[len(errs)*99/100].Round(time.Millisecond))
+		}
+		// The headers of a delayed response describe the bucket after it: no
+		// token left, the next one within a second.
+		for _, a := range answers {
+			if a.code == http.StatusOK && a.took > 150*time.Millisecond && !strings.HasSuffix(a.rateLimit, ";r=0;t=1") {
+				t.Errorf("a response served after %v: RateLimit %q, want r=0;t=1", a.took.Round(time.Millisecond), a.rateLimit)
+			}
+		}
+	})
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(10 * time.Millisecond)
+	}
+	return out
+}
+
+// Over a longer run, waiting never lets more through than the limit:
+// 32 goroutines for 1.5 s at 20/s burst 5 with WithDelay(500ms).
+func TestDelayStaysWithinLimit(t *testing.T) {
+	delayStores(t, func(t *testing.T, s store.Store) {
+		lim := store.Limit{Rate: 20, Period: time.Second, Burst: 5}
+		l := mustNew(t, s, lim, middleware.WithDelay(500*time.Millisecond), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("one"))))
+		h := l.Handler(okHandler)
+		var served atomic.Int64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Since(start) < 1500*time.Millisecond {
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+					if w.Code == http.StatusOK {
+						served.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		ideal := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+		t.Logf("%d served in %v; Burst + Rate·T = %.1f", served.Load(), elapsed.Round(time.Millisecond), ideal)
+		if float64(served.Load()) > ideal+1 {
+			t.Errorf("%d served in %v; want at most Burst + Rate·T + 1 = %.1f", served.Load(), elapsed, ideal+1)
+		}
+	})
+}
+
+// 100 clients that give up while they wait get their tokens back, and
+// their goroutines end at once.
+func TestDelayCancelledWaitersGiveBack(t *testing.T) {
+	leaktest.Check(t)
+	delayStores(t, func(t *testing.T, s store.Store) {
+		lim := store.Limit{Rate: 10, Period: time.Second, Burst: 1}
+		l := mustNew(t, s, lim, middleware.WithName("cancel"), middleware.WithDelay(20*time.Second), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("one"))))
+		h := l.Handler(okHandler)
+		first := httptest.NewRecorder()
+		h.ServeHTTP(first, httptest.NewRequest(http.MethodGet, "/", nil))
+		if first.Code != http.StatusOK {
+			t.Fatalf("first request: %d", first.Code)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		var codes sync.Map
+		for i := range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+				codes.Store(i, w.Code)
+			}()
+		}
+		// Every one is waiting once the bucket holds their 10 s of debt.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r, err := s.Take(context.Background(), "cancel:{one}", lim, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.ResetAfter > 9*time.Second {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the waiters never queued: %+v", r)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancelled := time.Now()
+		cancel()
+		wg.Wait()
+		took := time.Since(cancelled)
+		r, err := s.Take(context.Background(), "cancel:{one}", lim, 0)
+		t.Logf("100 waiters gave up: all returned within %v; the bucket then: %+v", took.Round(time.Millisecond), r)
+		if err != nil || r.ResetAfter > 200*time.Millisecond {
+			t.Errorf("after 100 waiters gave up the bucket is full in %v (%v); want their tokens back (at most the first's 100 ms)", r.ResetAfter, err)
+		}
+		if took > 5*time.Second {
+			t.Errorf("the waiters took %v to return after their clients left", took)
+		}
+		codes.Range(func(k, v any) bool {
+			if v.(int) != http.StatusOK { // the recorder's default: nothing written
+				t.Errorf("waiter %v: %d written to a client that left", k, v)
+			}
+			return true
+		})
+	})
+}
+
+// A Multi waits for the longest Delay over its policies.
+func TestDelayMulti(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	var delays []time.Duration
+	var mu sync.Mutex
+	obs := middleware.WithObserver(middleware.ObserverFunc(func(e middleware.Event) {
+		if e.Kind == middleware.EventAllowed && e.Limiter == "slow" {
+			mu.Lock()
+			delays = append(delays, e.Delay)
+			mu.Unlock()
+		}
+	}))
+	multi, err := middleware.NewMulti(m, []middleware.Policy{
+		{Name: "fast", Limit: store.Limit{Rate: 100, Period: time.Second, Burst: 1}},
+		{Name: "slow", Limit: store.Limit{Rate: 10, Period: time.Second, Burst: 1}},
+	}, middleware.WithDelay(250*time.Millisecond), middleware.WithKeyFunc(mustKey(keyfuncs.Static("u"))), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := multi.Handler(okHandler)
+	start := time.Now()
+	var codes []int
+	for range 4 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+		codes = append(codes, w.Code)
+	}
+	took := time.Since(start)
+	// One after another: each request after the first waits for the slow
+	// policy's next token, 100 ms (the fast one's, 10 ms, is shorter).
+	if !slices.Equal(codes, []int{200, 200, 200, 200}) || took < 295*time.Millisecond {
+		t.Errorf("codes %v in %v; want four served, spaced by the slow policy (≥ 300 ms)", codes, took)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(delays) != 4 || delays[0] != 0 || slices.ContainsFunc(delays[1:], func(d time.Duration) bool { return d < 90*time.Millisecond || d > 100*time.Millisecond }) {
+		t.Errorf("the reported delays %v; want 0, then about 100 ms each (the slow policy's, the longest)", delays)
+	}
+}
+
+// In dry-run mode the wait is reported, not applied; a store failure never
+// makes a request wait (the fallback decides at once).
+func TestDelayDryRunAndFailure(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	var reported atomic.Int64
+	obs := on(middleware.EventAllowed, func(e middleware.Event) {
+		if e.Delay > 0 {
+			reported.Add(1)
+		}
+	})
+	lim := store.Limit{Rate: 1, Period: time.Second, Burst: 1}
+	dry := mustNew(t, m, lim, middleware.WithDelay(10*time.Second), middleware.WithDryRun(true), obs,
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("dry"))))
+	start := time.Now()
+	for range 3 {
+		dry.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	}
+	if took := time.Since(start); took > 900*time.Millisecond || reported.Load() != 2 {
+		t.Errorf("dry run: 3 requests in %v, %d delays reported; want no waiting and 2 delays reported", took, reported.Load())
+	}
+
+	down := storeFunc(func(context.Context, string, store.Limit, int) (store.Result, error) {
+		return store.Result{}, errors.New("down")
+	})
+	if _, err := middleware.New(down, lim, middleware.WithDelay(time.Second)); err == nil {
+		t.Errorf("WithDelay on a store that cannot take ahead: no error")
+	}
+	failing := &flakyDelayer{Memory: m}
+	failing.down.Store(true)
+	l := mustNew(t, failing, lim, middleware.WithDelay(10*time.Second), quiet, middleware.WithBreaker(0, 0),
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("down"))))
+	start = time.Now()
+	var codes []int
+	for range 3 {
+		w := httptest.NewRecorder()
+		l.Handler(okHandler).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+		codes = append(codes, w.Code)
+	}
+	if took := time.Since(start); took > 900*time.Millisecond || !slices.Equal(codes, []int{200, 429, 429}) {
+		t.Errorf("store down: %v in %v; want the local bucket's 200, 429, 429 at once", codes, took)
+	}
+	if _, err := middleware.New(m, lim, middleware.WithDelay(-time.Second)); err == nil {
+		t.Errorf("WithDelay(-1s): no error")
+	}
+}
+
+// flakyDelayer is a Memory store whose TakeDelayed fails while down is set.
+type flakyDelayer struct {
+	*store.Memory
+	down atomic.Bool
+}
+
+func (f *flakyDelayer) TakeDelayed(ctx context.Context, key string, lim store.Limit, cost int, maxDelay time.Duration) (store.Result, error) {
+	if f.down.Load() {
+		return store.Result{}, errors.New("down")
+	}
+	return f.Memory.TakeDelayed(ctx, key, lim, cost, maxDelay)
+}
