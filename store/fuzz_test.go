@@ -187,3 +187,34 @@ func FuzzTake(f *testing.F) {
 		}
 	})
 }
+
+// TestMemoryAndRedisAgreeDelayed: TakeDelayed with waits of 0 to 1.4 s, on
+// three keys shared by three limits (1.4x to 6.7x apart), answers the same on both stores, to the
+// microsecond, Delay included.
+func TestMemoryAndRedisAgreeDelayed(t *testing.T) {
+	tw := newTwin(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	limits := []store.Limit{{Rate: 10, Period: time.Second, Burst: 5}, {Rate: 3, Period: time.Second, Burst: 2}, {Rate: 20, Period: time.Second, Burst: 4}}
+	ctx := context.Background()
+	delayed := 0
+	for range 2000 {
+		lim := limits[rng.IntN(len(limits))]
+		key := "delayed:" + strconv.Itoa(rng.IntN(3))
+		cost, maxDelay := rng.IntN(lim.Burst+1), time.Duration(rng.IntN(3))*700*time.Millisecond
+		rm, errm := tw.mem.TakeDelayed(ctx, key, lim, cost, maxDelay)
+		rr, errr := tw.red.TakeDelayed(ctx, key, lim, cost, maxDelay)
+		if errm != nil || errr != nil || rm != rr {
+			t.Fatalf("TakeDelayed(%q, %v, %d, %v): memory %+v, %v; redis %+v, %v", key, lim, cost, maxDelay, rm, errm, rr, errr)
+		}
+		if rm.Delay > maxDelay || (rm.Delay > 0 && !rm.Allowed) {
+			t.Fatalf("TakeDelayed(%v, max %v) = %+v: a Delay past the max, or on a denial", lim, maxDelay, rm)
+		}
+		if rm.Delay > 0 {
+			delayed++
+		}
+		tw.advance(time.Duration(rng.IntN(60_000)) * time.Microsecond)
+	}
+	if delayed < 100 {
+		t.Errorf("only %d of 2000 decisions were delayed: the test does not exercise the queue", delayed)
+	}
+}
