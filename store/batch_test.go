@@ -16,9 +16,9 @@ import (
 
 	"github.com/tollgate-go/tollgate/internal/leaktest"
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/lua"
 	"github.com/tollgate-go/tollgate/store"
+	"github.com/tollgate-go/tollgate/storetest"
 )
 
 // pipeCounter is a client hook that counts the writes of script calls (a

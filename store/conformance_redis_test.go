@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
-	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/store"
+	"github.com/tollgate-go/tollgate/storetest"
 )
 
 func TestConformanceRedisServer(t *testing.T) {

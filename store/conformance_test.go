@@ -8,8 +8,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate-go/tollgate/storetest"
 	"github.com/tollgate-go/tollgate/store"
+	"github.com/tollgate-go/tollgate/storetest"
 )
 
 // fakeClock is a clock that moves only when told.

@@ -19,11 +19,11 @@ const maxProduct = 1 << 50
 // once. A Take fits if the debt stays within fit: cap, or more for a Take
 // that may wait (delayed).
 type params struct {
-	l                Limit
-	q, t, cap, fit   int64
-	fitUs            int64  // fit/q+1: a debt of more whole µs exceeds fit
-	args             [2]any // fit and q, for the script
-	k1               any    // t: the script's k for a cost of 1
+	l              Limit
+	q, t, cap, fit int64
+	fitUs          int64  // fit/q+1: a debt of more whole µs exceeds fit
+	args           [2]any // fit and q, for the script
+	k1             any    // t: the script's k for a cost of 1
 }
 
 func newParams(l Limit) (*params, error) {
