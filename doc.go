@@ -8,8 +8,9 @@
 //
 //   - [github.com/tollgate-go/tollgate/middleware]: the Limiter (and Multi, for
 //     several limits per request): key, cost, store decision within a time
-//     budget, headers, then the next handler or a 429; the failure policy
-//     when the store fails (FailLocal by default) and a circuit breaker.
+//     budget, headers, then the next handler, a wait for the tokens
+//     (WithDelay) or a 429; the failure policy when the store fails
+//     (FailLocal by default) and a circuit breaker.
 //   - [github.com/tollgate-go/tollgate/store]: the Store interface, Limit and
 //     Result; the Redis store (go-redis v9, Cluster included) and the Memory
 //     store.
@@ -21,6 +22,11 @@
 //     older RateLimit-* and X-RateLimit-* sets, and Retry-After.
 //   - [github.com/tollgate-go/tollgate/lua]: the Redis script and its protocol,
 //     for services in other languages that share the buckets.
+//   - [github.com/tollgate-go/tollgate/storetest]: the conformance suite both
+//     stores pass, for a store of your own.
+//   - [github.com/tollgate-go/tollgate/client]: the other side of the wire, an
+//     http.RoundTripper that waits out 429s and paces requests by the
+//     RateLimit fields it is sent.
 //
 // See the README for a quickstart, and the Example below.
 package tollgate
