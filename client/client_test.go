@@ -191,21 +191,24 @@ func get(url string) *http.Request {
 func TestCancelDuringWait(t *testing.T) {
 	srv, n := plain(t, 100, 429, map[string]string{"Retry-After": "3"})
 	ctx, cancel := context.WithCancel(context.Background())
+	answered := make(chan struct{}) // the first refusal is back: the transport waits
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		defer close(answered)
+		return http.DefaultTransport.RoundTrip(r)
+	})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	var code int
 	go func() {
 		defer wg.Done()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
-		resp, err := (&http.Client{Transport: &client.Transport{}}).Do(req)
+		resp, err := (&http.Client{Transport: &client.Transport{Base: base}}).Do(req)
 		if err == nil {
 			code = resp.StatusCode
 			resp.Body.Close()
 		}
 	}()
-	for n.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	<-answered
 	start := time.Now()
 	cancel()
 	wg.Wait()
@@ -213,3 +216,7 @@ func TestCancelDuringWait(t *testing.T) {
 		t.Errorf("cancelled mid-wait: %d after %v and %d sends; want the 429 at once, 1 send", code, took, n.Load())
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
