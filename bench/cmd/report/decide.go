@@ -45,6 +45,8 @@ type report struct {
 	httpRows     []*httpRow
 	accRows      []accResult
 	ceilRows     []ceilRow
+	capRows      []capRow
+	capMems      []capMem
 }
 
 // flushRedis empties the report's redis-server between parts.

@@ -54,7 +54,7 @@ type config struct {
 	timeout    time.Duration
 }
 
-var allSections = []string{"decide", "http", "accuracy", "ceiling"}
+var allSections = []string{"decide", "http", "accuracy", "ceiling", "capacity"}
 
 func main() {
 	if err := run(); err != nil {
@@ -150,6 +150,7 @@ func run() error {
 		{"http", r.http},
 		{"accuracy", r.accuracy},
 		{"ceiling", r.ceiling},
+		{"capacity", r.capacity},
 	}
 	for _, s := range steps {
 		if !c.sections[s.name] {

@@ -98,6 +98,9 @@ func (r *report) markdown() []byte {
 	if r.cfg.sections["ceiling"] {
 		r.ceilingMarkdown(&b)
 	}
+	if r.cfg.sections["capacity"] {
+		r.capacityMarkdown(&b)
+	}
 
 	p("## What the peers do\n\n")
 	for _, n := range peerNotes {
@@ -461,4 +464,41 @@ func goroutinesText(g int) string {
 		return "1 goroutine"
 	}
 	return fmt.Sprintf("%d goroutines", g)
+}
+
+func (r *report) capacityMarkdown(b *bytes.Buffer) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("## 5. Capacity: what a decision costs Redis\n\n")
+	p("What decides how many Redis cores (Cluster masters) a limit needs is Redis's CPU per decision, which " +
+		"every app server shares. Each row is 30,000 decisions from 64 goroutines on one client (`PoolSize: 64`) " +
+		"against the report's redis-server, emptied before each: \"Redis CPU\" is the main thread's CPU time " +
+		"(`used_cpu_user_main_thread` + `used_cpu_sys_main_thread` of `INFO cpu`, network included) over the " +
+		"decisions; \"in commands\" the time Redis counted inside them (`usec` of `INFO commandstats`); " +
+		"\"commands\" what it ran per decision, a script's own included. Decisions per core are 10⁶ over the " +
+		"CPU; masters for 10⁶ decisions/s assume Cluster spreads the keys evenly and each master gives 80 %% of " +
+		"its core to them. tollgate batches by default (concurrent Takes share a pipeline: fewer reads and " +
+		"writes of the socket per decision); `tollgate-batch0` is the same store without. \"2 policies\" is " +
+		"one `TakeAll` of two buckets of one subject: one script call.\n\n")
+	p("| library | workload | Redis CPU / decision | in commands | commands | decisions/s per Redis core | masters for 10⁶/s | failed |\n")
+	p("|---|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, row := range r.capRows {
+		if row.err != nil {
+			p("| %s | %s | failed: %s | | | | | |\n", row.lib, row.workload, oneLine(row.err.Error()))
+			continue
+		}
+		p("| %s | %s | %.1f µs | %.1f µs | %.1f | %s | %d | %s |\n", row.lib, row.workload, row.cpuUs, row.scriptUs,
+			row.commands, fmtRate(1e6/row.cpuUs), masters(row.cpuUs), fmtShare(row.failed))
+	}
+	p("\nMemory of an active bucket: `used_memory` of `INFO memory` before and after one decision on each of " +
+		"10,000 new keys under 100 per hour (so that every key lives through the measurement), over 10,000: " +
+		"the key, its value and its entries in Redis's key and expiry dictionaries.\n\n")
+	p("| library | bytes per active key |\n|---|--:|\n")
+	for _, m := range r.capMems {
+		if m.err != nil {
+			p("| %s | failed: %s |\n", m.lib, oneLine(m.err.Error()))
+			continue
+		}
+		p("| %s | %.0f |\n", m.lib, m.bytesPerKy)
+	}
+	p("\n")
 }

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/bench/internal/proc"
+	"github.com/tollgate-go/tollgate/bench/peers"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// capRow is what one library's decisions cost Redis, for capacity planning.
+type capRow struct {
+	lib, workload string
+	decisions     int64
+	cpuUs         float64 // Redis main-thread CPU per decision, network included
+	scriptUs      float64 // time inside the commands (INFO commandstats usec) per decision
+	commands      float64 // commands Redis ran per decision (a script's own included)
+	failed        float64 // share of the decisions that failed (throttled's compare-and-swap gives up)
+	err           error
+}
+
+// capMem is the Redis memory one library's active bucket holds.
+type capMem struct {
+	lib        string
+	bytesPerKy float64 // used_memory growth per key, the key's dictionary and expiry entries included
+	err        error
+}
+
+// capacity measures Redis's CPU per decision of each Redis library, from 64
+// goroutines, over a fixed count of decisions (INFO cpu before and after),
+// and the memory of an active bucket (INFO memory over 10,000 keys).
+func (r *report) capacity(ctx context.Context) error {
+	const n = 30_000
+	generous := store.Limit{Rate: 10_000_000, Period: time.Second, Burst: 100_000_000}
+	tight := store.PerSecond(100)
+	workloads := []struct {
+		name  string
+		limit store.Limit
+		key   func(i int) string
+	}{
+		{"hot", generous, func(int) string { return "hot" }},
+		{"spread", generous, func(i int) string { return "k:" + strconv.Itoa(i*7919%100_000) }},
+		{"denied", tight, func(int) string { return "denied" }},
+	}
+	zero := 0
+	libs := []struct {
+		name     string
+		lib      string
+		batching *int
+	}{{"tollgate", peers.Tollgate, nil}, {"tollgate-batch0", peers.Tollgate, &zero},
+		{peers.RedisRate, peers.RedisRate, nil}, {peers.Ulule, peers.Ulule, nil}, {peers.Throttled, peers.Throttled, nil}}
+	for _, lib := range libs {
+		for _, w := range workloads {
+			row := capRow{lib: lib.name, workload: w.name}
+			row.decisions, row.cpuUs, row.scriptUs, row.commands, row.failed, row.err = r.capacityRun(ctx, n, func(c *redis.Client) (func(context.Context, int) error, func() error, error) {
+				d, err := peers.NewDecider(peers.Config{Lib: lib.lib, Backend: peers.Redis, Client: c, Limit: w.limit, Batching: lib.batching})
+				if err != nil {
+					return nil, nil, err
+				}
+				return func(ctx context.Context, i int) error { _, err := d.Decide(ctx, w.key(i)); return err }, d.Close, nil
+			})
+			logf("capacity %s/%s: %.2f µs of Redis CPU per decision (%v)", row.lib, row.workload, row.cpuUs, row.err)
+			r.capRows = append(r.capRows, row)
+		}
+	}
+	// tollgate with two policies on one subject: one script call, two buckets.
+	for _, w := range workloads {
+		row := capRow{lib: "tollgate, 2 policies", workload: w.name}
+		row.decisions, row.cpuUs, row.scriptUs, row.commands, row.failed, row.err = r.capacityRun(ctx, n, func(c *redis.Client) (func(context.Context, int) error, func() error, error) {
+			s := store.NewRedis(c)
+			return func(ctx context.Context, i int) error {
+				k := w.key(i)
+				_, err := s.TakeAll(ctx, []store.Request{{Key: "a:{" + k + "}", Limit: w.limit, Cost: 1}, {Key: "b:{" + k + "}", Limit: w.limit, Cost: 1}})
+				return err
+			}, func() error { return nil }, nil
+		})
+		logf("capacity %s/%s: %.2f µs of Redis CPU per decision (%v)", row.lib, row.workload, row.cpuUs, row.err)
+		r.capRows = append(r.capRows, row)
+	}
+	slow := store.PerHour(100) // buckets that stay active for the whole measurement
+	for _, lib := range libs[:1:1] {
+		r.capMems = append(r.capMems, r.capacityMemory(ctx, lib.name, lib.lib, slow))
+	}
+	for _, lib := range libs[2:] {
+		r.capMems = append(r.capMems, r.capacityMemory(ctx, lib.name, lib.lib, slow))
+	}
+	return nil
+}
+
+// capacityRun makes n decisions from 64 goroutines with the decide function
+// that mk builds on a fresh client, and returns Redis's CPU, command time and
+// commands per decision, and the share of decisions that failed.
+func (r *report) capacityRun(ctx context.Context, n int, mk func(*redis.Client) (func(context.Context, int) error, func() error, error)) (_ int64, cpuUs, scriptUs, commands, failedShare float64, _ error) {
+	if err := r.flushRedis(ctx); err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+	defer c.Close()
+	decide, closeFn, err := mk(c)
+	if err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	defer closeFn()
+	for i := range 64 { // connections open, script loaded
+		if err := decide(ctx, 1_000_000+i); err != nil && i == 0 {
+			return 0, 0, 0, 0, 0, err
+		}
+	}
+	before, err := r.stats(ctx)
+	if err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)); i <= n; i = int(next.Add(1)) {
+				if decide(ctx, i) != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	after, err := r.stats(ctx)
+	if err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	if f := failed.Load(); f == int64(n) {
+		return 0, 0, 0, 0, 0, fmt.Errorf("all %d decisions failed", n)
+	}
+	var calls, usec int64
+	for cmd, v := range after.calls {
+		if cmd != "hello" && cmd != "client" { // a connection's handshake, the stats' own
+			calls += v - before.calls[cmd]
+			usec += after.usec[cmd] - before.usec[cmd]
+		}
+	}
+	return int64(n), (after.cpu - before.cpu) * 1e6 / float64(n), float64(usec) / float64(n), float64(calls) / float64(n),
+		float64(failed.Load()) / float64(n), nil
+}
+
+// capacityMemory decides once on each of 10,000 keys under limit and returns
+// Redis's used_memory growth per key.
+func (r *report) capacityMemory(ctx context.Context, name, lib string, limit store.Limit) capMem {
+	const keys = 10_000
+	m := capMem{lib: name}
+	if m.err = r.flushRedis(ctx); m.err != nil {
+		return m
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.redis.Addr, PoolSize: 16, ContextTimeoutEnabled: true})
+	defer c.Close()
+	d, err := peers.NewDecider(peers.Config{Lib: lib, Backend: peers.Redis, Client: c, Limit: limit})
+	if err != nil {
+		m.err = err
+		return m
+	}
+	defer d.Close()
+	if _, m.err = d.Decide(ctx, "warm"); m.err != nil {
+		return m
+	}
+	used := func() (float64, error) {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseFloat(proc.InfoField(info, "used_memory"), 64)
+	}
+	before, err := used()
+	if err != nil {
+		m.err = err
+		return m
+	}
+	for i := range keys {
+		if _, m.err = d.Decide(ctx, "mem:"+strconv.Itoa(i)); m.err != nil {
+			return m
+		}
+	}
+	after, err := used()
+	if err != nil {
+		m.err = err
+		return m
+	}
+	m.bytesPerKy = (after - before) / keys
+	logf("capacity memory %s: %.0f bytes per active key", name, m.bytesPerKy)
+	return m
+}
+
+// masters returns how many Redis Cluster masters 1,000,000 decisions/s
+// need at cpuUs of main-thread CPU each (cpuUs cores in all), if each
+// master spends 80 % of its core on them.
+func masters(cpuUs float64) int { return int(math.Ceil(cpuUs / 0.8)) }
