@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -43,7 +44,7 @@ func main() {
 
 func run() error {
 	var (
-		lib       = flag.String("lib", peers.Tollgate, "library: "+strings.Join(allLibs(), ", "))
+		lib       = flag.String("lib", peers.Tollgate, "library: "+strings.Join(allLibs(), ", ")+", or bare (no middleware)")
 		backend   = flag.String("store", peers.Memory, "store: memory or redis")
 		redisAddr = flag.String("redis", "127.0.0.1:6379", "Redis address, for -store redis")
 		pool      = flag.Int("pool", 64, "PoolSize of the go-redis client")
@@ -55,6 +56,7 @@ func run() error {
 		addr      = flag.String("addr", "127.0.0.1:0", "listen address")
 		lifetime  = flag.Duration("max-lifetime", 10*time.Minute, "exit after this long whatever happens")
 		eofExit   = flag.Bool("exit-on-eof", false, "exit when standard input closes")
+		cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -86,11 +88,26 @@ func run() error {
 		}
 		cfg.Client = client
 	}
-	mw, closeLimiter, err := peers.NewMiddleware(cfg, clientKey)
-	if err != nil {
-		return err
+	var err error
+	mw := func(h http.Handler) http.Handler { return h } // -lib bare: the handler alone
+	if *lib != "bare" {
+		var closeLimiter func() error
+		mw, closeLimiter, err = peers.NewMiddleware(cfg, clientKey)
+		if err != nil {
+			return err
+		}
+		defer closeLimiter()
 	}
-	defer closeLimiter()
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	ok := []byte("ok")
 	mux := http.NewServeMux()
