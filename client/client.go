@@ -49,7 +49,7 @@ type Transport struct {
 	Base        http.RoundTripper        // nil: http.DefaultTransport
 	MaxAttempts int                      // sends per request, the first included; 0: DefaultMaxAttempts
 	MaxWait     time.Duration            // total wait per request; 0: DefaultMaxWait
-	Jitter      float64                  // up to this share of a wait added at random (0: none; 0.1 spreads clients by 10 %)
+	Jitter      float64                  // up to this share of a wait added at random, at most 1 (0: none; 0.1 spreads clients by 10 %)
 	Retryable   func(*http.Request) bool // nil: the idempotent methods
 	Pace        bool                     // hold requests while the origin's RateLimit says r=0
 	mu          sync.Mutex               // guards notBefore
@@ -65,6 +65,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	origin := req.URL.Scheme + "://" + req.URL.Host
 	if t.Pace {
 		if !sleep(req, time.Until(t.heldUntil(origin))) && req.Context().Err() != nil {
+			if req.Body != nil {
+				req.Body.Close() // a RoundTripper closes the body, errors included
+			}
 			return nil, req.Context().Err()
 		}
 	}
@@ -85,7 +88,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		if t.Jitter > 0 {
-			wait += time.Duration(rand.Float64() * t.Jitter * float64(wait))
+			wait += time.Duration(rand.Float64() * min(t.Jitter, 1) * float64(wait))
 		}
 		if waited+wait > cmp.Or(t.MaxWait, DefaultMaxWait) {
 			return resp, nil
@@ -93,12 +96,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if d, ok := req.Context().Deadline(); ok && !time.Now().Add(wait).Before(d) {
 			return resp, nil // the deadline comes first: the refusal now, not after sleeping
 		}
+		if !sleep(req, wait) {
+			return resp, nil // the request was cancelled: its refusal, unread
+		}
 		next, err := rewind(req)
 		if err != nil {
 			return resp, nil
-		}
-		if !sleep(req, wait) {
-			return resp, nil // the request was cancelled: its refusal, unread
 		}
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
 		resp.Body.Close()

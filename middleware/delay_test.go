@@ -319,3 +319,56 @@ func (f *flakyDelayer) TakeDelayed(ctx context.Context, key string, lim store.Li
 	}
 	return f.Memory.TakeDelayed(ctx, key, lim, cost, maxDelay)
 }
+
+// A request whose deadline comes before its tokens is refused at once, its
+// tokens given back, with the time they would have been due.
+func TestDelayDeadlineFirst(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	lim := store.Limit{Rate: 1, Period: time.Second, Burst: 1}
+	l := mustNew(t, m, lim, middleware.WithName("late"), middleware.WithDelay(2*time.Second), quiet,
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("one"))))
+	h := l.Handler(okHandler)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	defer cancel()
+	w := httptest.NewRecorder()
+	start := time.Now()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+	took := time.Since(start)
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" || took > 700*time.Millisecond { // a refusal that waited would take the whole deadline
+		t.Errorf("a deadline 800 ms away, tokens due in 1 s: %d, Retry-After %q after %v; want 429, 1, at once", w.Code, w.Header().Get("Retry-After"), took)
+	}
+	if r, err := m.Take(context.Background(), "late:{one}", lim, 0); err != nil || r.ResetAfter > time.Second {
+		t.Errorf("after the refusal the bucket is full in %v (%v); want the second request's token back", r.ResetAfter, err)
+	}
+}
+
+// FailLocal's buckets follow what the store allowed, once each, with
+// WithDelay as without: when the store fails they hold what is left.
+func TestDelayFailLocalMirror(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	fs := &flakyDelayer{Memory: m}
+	lim := store.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+	l := mustNew(t, fs, lim, middleware.WithDelay(time.Second), quiet, middleware.WithBreaker(0, 0),
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("mirror"))))
+	h := l.Handler(okHandler)
+	count := func(n int) (ok int) {
+		for range n {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+			if w.Code == http.StatusOK {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := count(5); got != 5 {
+		t.Fatalf("store up: %d of 5 allowed", got)
+	}
+	fs.down.Store(true)
+	if got := count(10); got != 5 {
+		t.Errorf("store down after 5 of a burst of 10: %d of 10 allowed locally, want the 5 left", got)
+	}
+}

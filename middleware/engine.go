@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"net/http"
@@ -333,9 +334,12 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 		delay = l.cfg.delay
 	}
 	if len(q.p.policies) == 1 {
-		res, err := l.local.TakeBytes(ctx, q.keyOf(0), q.p.policies[0].local, q.cost)
+		var res store.Result
+		var err error
 		if delay > 0 {
 			res, err = l.local.TakeDelayed(ctx, string(q.keyOf(0)), q.p.policies[0].local, q.cost, delay)
+		} else {
+			res, err = l.local.TakeBytes(ctx, q.keyOf(0), q.p.policies[0].local, q.cost)
 		}
 		if err == nil && !mirror {
 			q.res = append(q.res[:0], res)
@@ -354,8 +358,10 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 }
 
 // wait holds an allowed request until its tokens are due (WithDelay): the
-// longest Delay over its policies. It reports false if the client went away
-// meanwhile, and then gives the tokens back.
+// longest Delay over its policies. A request whose context ends first (a
+// deadline of the server's, before its tokens or while it waits) gets its
+// tokens given back and a refusal to answer, retried when they are due; if
+// the client went away it reports false: nothing to answer.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
 	var d time.Duration
 	for i := range q.res {
@@ -366,6 +372,12 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 	if d <= 0 || l.cfg.dryRun {
 		return true
 	}
+	ctx := r.Context()
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		l.refuseLate(r, q, d)
+		return true
+	}
+	start := time.Now()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -374,14 +386,36 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 			q.res[i] = aged(q.res[i], d)
 		}
 		return true
-	case <-r.Context().Done():
-		keys := q.refund[:0]
-		for i := range q.p.policies {
-			keys = append(keys, string(q.keyOf(i)))
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			l.refuseLate(r, q, d-time.Since(start))
+			return true
 		}
-		l.giveBack(r, q, keys)
+		l.giveBack(r, q, q.storeKeys())
 		return false
 	}
+}
+
+// refuseLate gives back the tokens of a request that cannot wait for them
+// and makes its results a refusal, to retry in d.
+func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
+	l.giveBack(r, q, q.storeKeys())
+	for i, res := range q.res {
+		res.ResetAfter -= tokenTime(res.Limit, q.cost) // the bucket without them
+		res = aged(res, 0)
+		res.Allowed, res.RetryAfter, res.Delay = false, max(d, time.Microsecond), 0
+		q.res[i] = res
+	}
+	q.refund = q.refund[:0] // nothing more to give back
+}
+
+// storeKeys returns the policies' store keys as strings, in q.refund.
+func (q *request) storeKeys() []string {
+	q.refund = q.refund[:0]
+	for i := range q.p.policies {
+		q.refund = append(q.refund, string(q.keyOf(i)))
+	}
+	return q.refund
 }
 
 // aged returns res as it stands d later if nothing else takes from its
@@ -508,6 +542,9 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	for i, key := range keys {
+		if l.local != nil && !q.local { // the mirror took them too
+			l.local.Refund(ctx, key, q.p.policies[i].local, q.cost)
+		}
 		if _, err := refunder.Refund(ctx, key, q.p.policies[i].limit, q.cost); err != nil {
 			l.refundFailed(r, q.cost, err)
 		} else if l.deny != nil {
@@ -541,7 +578,7 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 			Period: limit.Period * time.Duration(c.policy.replicas),
 			Burst:  max(1, limit.Burst/c.policy.replicas),
 		}
-		if err := pol.local.Validate(); err != nil {
+		if err := pol.local.ValidateDelay(c.delay); err != nil {
 			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", c.policy.replicas, err)
 		}
 	}

@@ -58,6 +58,9 @@ func newParams(l Limit) (*params, error) {
 // beyond its capacity, its Result.Delay the time until it is within.
 func (p *params) delayed(maxDelay time.Duration) (params, error) {
 	d := *p
+	if maxDelay == 0 {
+		return d, nil // the boxed arguments as they are: a boxed integer allocates
+	}
 	if maxDelay < 0 {
 		return d, p.l.invalid("MaxDelay must not be negative, got %s", maxDelay)
 	}
