@@ -312,7 +312,7 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	st := store.NewRedis(cc)
 	// The Redis key of a subject's bucket (subjects here hold no brace):
 	// on a Cluster the store puts a hash tag of its own in front.
-	storeKey := func(subject string) string { return st.Key(name + ":{" + subject + "}") }
+	storeKey := func(subject string) string { return st.Key(name + ":" + subject) }
 	const budget = 100 * time.Millisecond
 	stall := startStallMeter(t)
 	h := faultLimiter(t, st, store.PerSecond(1000),

@@ -182,7 +182,7 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 		// (less the time they took to arrive).
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			r, err := s.Take(context.Background(), "cancel:{one}", lim, 0)
+			r, err := s.Take(context.Background(), "cancel:one", lim, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,7 +198,7 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 		cancel()
 		wg.Wait()
 		took := time.Since(cancelled)
-		r, err := s.Take(context.Background(), "cancel:{one}", lim, 0)
+		r, err := s.Take(context.Background(), "cancel:one", lim, 0)
 		t.Logf("100 waiters gave up: all returned within %v; the bucket then: %+v", took.Round(time.Millisecond), r)
 		if err != nil || r.ResetAfter > time.Second {
 			t.Errorf("after 100 waiters gave up the bucket is full in %v (%v); want their tokens back (at most the first's 1 s)", r.ResetAfter, err)
@@ -339,7 +339,7 @@ func TestDelayDeadlineFirst(t *testing.T) {
 	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" || took > 700*time.Millisecond { // a refusal that waited would take the whole deadline
 		t.Errorf("a deadline 800 ms away, tokens due in 1 s: %d, Retry-After %q after %v; want 429, 1, at once", w.Code, w.Header().Get("Retry-After"), took)
 	}
-	if r, err := m.Take(context.Background(), "late:{one}", lim, 0); err != nil || r.ResetAfter > time.Second {
+	if r, err := m.Take(context.Background(), "late:one", lim, 0); err != nil || r.ResetAfter > time.Second {
 		t.Errorf("after the refusal the bucket is full in %v (%v); want the second request's token back", r.ResetAfter, err)
 	}
 }

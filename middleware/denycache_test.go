@@ -477,7 +477,7 @@ func flood(t *testing.T, st store.Store, name string, opts ...middleware.Option)
 // store says about the bucket right after (a read, cost 0).
 func checkLocalRefusal(t *testing.T, st store.Store, name string, hdr http.Header) {
 	t.Helper()
-	sr, err := st.Take(context.Background(), name+":{flood}", floodLimit, 0)
+	sr, err := st.Take(context.Background(), name+":flood", floodLimit, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,12 +39,14 @@
 // Each limiter has a name ([WithName]; by default its limit and where it was
 // made, such as "100-per-1m@9c1d02e7", so that no two limiters of a process
 // share buckets unless named alike). The store key of a request is
-// "<name>:{<subject>}" (on Redis, "tollgate:<name>:{<subject>}"), so two
-// limiters that key by the same address never share a bucket. The braces
-// make the subject the Redis Cluster hash tag, which the store hashes: the
-// buckets of one subject share a slot (a [Multi] decides them in one call),
-// and a subject's own braces pick none. The name is also the policy's name
-// in the RateLimit headers: give each limiter on a route its own.
+// "<name>:<subject>" (on Redis, "tollgate:<name>:<subject>"), so two limiters
+// that key by the same address never share a bucket. A subject that holds a
+// brace, as a route pattern does, gives "{<name>:<subject>}": the braces make
+// the whole key a Redis Cluster hash tag, so the subject's own cannot pin
+// keys to one slot. A [Multi]'s policies use "<name>:{<subject>}", so that
+// the buckets of one subject share a slot and one script call. The name is
+// also the policy's name in the RateLimit headers: give each limiter on a
+// route its own.
 //
 // # Several limiters
 //

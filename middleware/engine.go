@@ -32,7 +32,8 @@ type policy struct {
 	limit   store.Limit
 	local   store.Limit      // FailLocal's share
 	key     keyfuncs.KeyFunc // nil: the TCP peer, appended without a string
-	prefix  string           // "[<tier>/]<name>:{": a bucket is prefix, subject, "}"
+	prefix  string           // "<name>:", or "[<tier>/]<name>:{" if tagged
+	tagged  bool             // a Multi's: the subject in braces, the Cluster hash tag of its policies
 	hdr     *headers.Cache   // nil: no rate-limit headers
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
@@ -131,7 +132,11 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			return
 		}
 		if q.subjects[i] == "" && l.hooks {
-			q.subjects[i] = string(q.keyOf(i)[len(pol.prefix) : len(q.keyOf(i))-1]) // the peer's address
+			key := q.keyOf(i)
+			if pol.tagged {
+				key = key[:len(key)-1]
+			}
+			q.subjects[i] = string(key[len(pol.prefix):]) // the peer's address
 		}
 		if c.allowKeys != nil && c.allowKeys[q.subjects[i]] {
 			l.observe(r, c.name, Event{Kind: EventSkipped, Key: q.subjects[i]})
@@ -209,23 +214,35 @@ func allAllowed(res []store.Result) bool {
 	return true
 }
 
-// appendKey appends pol's store key of r to b: pol.prefix, the subject and
-// "}", which the store prefixes ("tollgate:<name>:{<subject>}"). The braces
-// make the subject the Redis Cluster hash tag (which the store hashes): the
-// policies of one subject share a slot and one script call, and a subject's
-// own braces pick no slot. subject is "" for the TCP peer, appended without
-// being allocated.
+// appendKey appends pol's store key of r to b, which the store prefixes:
+// "<name>:<subject>" ("tollgate:<name>:<subject>") for a Limiter, or
+// "<name>:{<subject>}" for a Multi's policy, whose braces make the subject
+// the Redis Cluster hash tag (which the store hashes): the policies of one
+// subject share a slot and one script call. A Limiter's subject that holds a
+// brace, as the route pattern "GET /items/{id}" does, is wrapped with the
+// name in braces, "{<name>:<subject>}", so that its own braces pick no slot.
+// subject is "" for the TCP peer (never a brace), appended without being
+// allocated.
 func (l *Limiter) appendKey(b []byte, pol *policy, r *http.Request) (key []byte, subject string, err error) {
-	b = append(b, pol.prefix...)
 	if pol.key == nil {
-		b, err = keyfuncs.AppendPeerIP(b, r)
-		return append(b, '}'), "", err
+		b, err = keyfuncs.AppendPeerIP(append(b, pol.prefix...), r)
+		if pol.tagged {
+			b = append(b, '}')
+		}
+		return b, "", err
 	}
 	subject, err = pol.key(r)
 	if err == nil && subject == "" {
 		err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
 	}
-	return append(append(b, subject...), '}'), subject, err
+	switch {
+	case pol.tagged:
+		return append(append(append(b, pol.prefix...), subject...), '}'), subject, err
+	case strings.IndexByte(subject, '{') >= 0:
+		b = append(append(append(b, '{'), pol.prefix...), subject...)
+		return append(b, '}'), subject, err
+	}
+	return append(append(b, pol.prefix...), subject...), subject, err
 }
 
 // decide puts in q.res the store's answer for every policy: for one policy
@@ -555,12 +572,16 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	}
 }
 
-// newPolicy returns the policy named name (already checked) of limit, in tier.
-func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc) (policy, error) {
+// newPolicy returns the policy named name (already checked) of limit, in
+// tier; tagged for a Multi's (see appendKey).
+func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
 	if err := limit.ValidateDelay(l.cfg.delay); err != nil {
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
 	}
-	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":{"}
+	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":", tagged: tagged}
+	if tagged {
+		pol.prefix += "{"
+	}
 	if tier != "" {
 		pol.event, pol.prefix = tier+"/"+name, tier+"/"+pol.prefix
 	}

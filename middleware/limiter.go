@@ -72,7 +72,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if l.cfg.name == "" {
 		l.cfg.name = DefaultName(limit) + "@" + l.site
 	}
-	pol, err := l.newPolicy("", l.cfg.name, limit, l.cfg.keyFunc)
+	pol, err := l.newPolicy("", l.cfg.name, limit, l.cfg.keyFunc, false)
 	if err != nil {
 		return nil, err
 	}

