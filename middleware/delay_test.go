@@ -158,9 +158,16 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 	leaktest.Check(t)
 	delayStores(t, func(t *testing.T, s store.Store) {
 		lim := store.Limit{Rate: 1, Period: time.Second, Burst: 1} // each waiter takes 1 s of debt
-		l := mustNew(t, s, lim, middleware.WithName("cancel"), middleware.WithDelay(200*time.Second), quiet,
+		var abandoned atomic.Int64
+		obs := on(middleware.EventAbandoned, func(e middleware.Event) {
+			if e.Delay > 0 && e.Cost == 1 {
+				abandoned.Add(1)
+			}
+		})
+		l := mustNew(t, s, lim, middleware.WithName("cancel"), middleware.WithDelay(200*time.Second), obs,
 			middleware.WithKeyFunc(mustKey(keyfuncs.Static("one"))))
 		h := l.Handler(okHandler)
+		firstAt := time.Now() // at most the first Take's instant
 		first := httptest.NewRecorder()
 		h.ServeHTTP(first, httptest.NewRequest(http.MethodGet, "/", nil))
 		if first.Code != http.StatusOK {
@@ -178,15 +185,15 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 				codes.Store(i, w.Code)
 			}()
 		}
-		// Every one is waiting once the bucket holds their 100 s of debt
-		// (less the time they took to arrive).
+		// Every one has taken its token once the bucket is full 101 s after
+		// the first Take: each took 1 s more (the first's 1 s, then 100).
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			r, err := s.Take(context.Background(), "cancel:one", lim, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.ResetAfter > 80*time.Second {
+			if r.ResetAfter+time.Since(firstAt) > 100500*time.Millisecond {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -205,6 +212,9 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 		}
 		if took > 5*time.Second {
 			t.Errorf("the waiters took %v to return after their clients left", took)
+		}
+		if n := abandoned.Load(); n != 100 {
+			t.Errorf("%d EventAbandoned with their delay, want 100", n)
 		}
 		codes.Range(func(k, v any) bool {
 			if v.(int) != http.StatusOK { // the recorder's default: nothing written

@@ -409,6 +409,10 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 			return true
 		}
 		l.giveBack(r, q, q.storeKeys())
+		for i := range q.p.policies {
+			l.observe(r, q.p.policies[i].event, Event{Kind: EventAbandoned, Key: q.subjects[i], Cost: q.cost,
+				Latency: q.latency, Result: q.res[i], Delay: d, DryRun: l.cfg.dryRun})
+		}
 		return false
 	}
 }

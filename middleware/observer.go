@@ -35,6 +35,9 @@ const (
 	// EventSkipped: an allow-list or skip rule let the request through
 	// without asking the store.
 	EventSkipped
+	// EventAbandoned: the client went away while the request waited for
+	// its tokens (WithDelay); they were given back.
+	EventAbandoned
 )
 
 func (k EventKind) String() string {
@@ -51,6 +54,8 @@ func (k EventKind) String() string {
 		return "breaker"
 	case EventSkipped:
 		return "skipped"
+	case EventAbandoned:
+		return "abandoned"
 	}
 	return "unknown"
 }

@@ -33,7 +33,7 @@ const (
 
 // slotCount is the number of combinations of an event's kind and flags:
 // see slot.
-const slotCount = (int(middleware.EventSkipped) + 1) << 3
+const slotCount = (int(middleware.EventAbandoned) + 1) << 3
 
 // Observer counts a limiter's events in Prometheus metrics: it is a
 // [middleware.Observer] and the [prometheus.Collector] that exports them.
@@ -183,7 +183,7 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 func (o *Observer) Observe(e middleware.Event) {
 	switch e.Kind {
 	case middleware.EventAllowed, middleware.EventDenied, middleware.EventError,
-		middleware.EventFallback, middleware.EventSkipped:
+		middleware.EventFallback, middleware.EventSkipped, middleware.EventAbandoned:
 	case middleware.EventBreaker:
 		o.observeBreaker(e)
 		return
@@ -245,7 +245,7 @@ func (o *Observer) series(e middleware.Event) *kindSeries {
 	if s := c.slots[i].Load(); s != nil {
 		return s
 	}
-	outcome := e.Kind.String() // allowed, denied, error, fallback or skipped
+	outcome := e.Kind.String() // allowed, denied, error, fallback, skipped or abandoned
 	s := &kindSeries{requests: o.requests.WithLabelValues(l.label, c.label, outcome)}
 	if e.Kind == middleware.EventAllowed {
 		s.tokens = o.tokens.WithLabelValues(l.label, c.label)
