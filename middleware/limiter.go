@@ -249,6 +249,17 @@ func shortDuration(d time.Duration) string {
 // Name returns the limiter's name.
 func (l *Limiter) Name() string { return l.cfg.name }
 
+// StoreKey returns the store key of subject's bucket, subject being what the
+// key function returns (such as "ip:192.0.2.1"): for operator tools
+// ([store.Inspect], [store.Admin]).
+func (l *Limiter) StoreKey(subject string) string {
+	pol := &l.def.policies[0]
+	if strings.IndexByte(subject, '{') >= 0 {
+		return "{" + pol.prefix + subject + "}" // as appendKey
+	}
+	return pol.prefix + subject
+}
+
 // Limit returns the limiter's limit.
 func (l *Limiter) Limit() store.Limit { return l.limit }
 

@@ -83,3 +83,8 @@ var (
 	_ store.MultiStore = (*store.Redis)(nil)
 	_ store.Refunder   = (*store.Redis)(nil)
 )
+
+var (
+	_ store.Admin = (*store.Memory)(nil)
+	_ store.Admin = (*store.Redis)(nil)
+)

@@ -22,6 +22,7 @@ type params struct {
 	l              Limit
 	q, t, cap, fit int64
 	fitUs          int64  // fit/q+1: a debt of more whole µs exceeds fit
+	block          int64  // > 0: the units a Block adds, whatever the cost
 	args           [2]any // fit and q, for the script
 	k1             any    // t: the script's k for a cost of 1
 }
@@ -86,6 +87,19 @@ func (p *params) debt(s tat, now int64) (du, df int64) {
 		return 0, 0
 	}
 	return u - now, f
+}
+
+// blocking returns p for a Block of d: cap + d units added to the debt, in a
+// bucket that holds up to 2^50.
+func (p *params) blocking(d time.Duration) (params, error) {
+	b := *p
+	hi, lo := bits.Mul64(uint64(max(d, 0)/time.Microsecond), uint64(p.q))
+	if d <= 0 || hi != 0 || lo > maxProduct-uint64(p.cap) {
+		return b, p.l.invalid("Block %s: the duration must be positive, and the bucket with it within 2^50 units", d)
+	}
+	b.block, b.fit = p.cap+int64(lo), maxProduct
+	b.fitUs, b.args[0] = b.fit/b.q+1, b.fit
+	return b, nil
 }
 
 // fits reports whether k = cost*t units fit in debt (du, df); k <= 0 always does.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -47,6 +48,38 @@ func (l Limit) ValidateDelay(maxDelay time.Duration) error {
 		_, err = p.delayed(maxDelay)
 	}
 	return err
+}
+
+// Admin is what an operator needs of a store beyond Take, whose cost of 0
+// reads a bucket (see [Inspect]); both of tollgate's stores implement it.
+// The middleware does not use it: an admin handler of the app's does, behind
+// the app's own authentication.
+type Admin interface {
+	// Reset forgets the bucket named key, under every limit: it is full.
+	Reset(ctx context.Context, key string) error
+	// Block makes key's bucket under limit refuse every Take for d (longer
+	// if it was in debt already), then refill at the rate; Reset ends it.
+	Block(ctx context.Context, key string, limit Limit, d time.Duration) error
+}
+
+// Inspect reads key's bucket under limit without taking from it, and says
+// what a Take of cost would answer now: Allowed, Remaining, RetryAfter (to
+// the microsecond rounded up) and ResetAfter.
+func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
+	if cost < 0 || cost > limit.Burst {
+		return Result{}, fmt.Errorf("store: inspect %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, cost, limit.Burst, limit)
+	}
+	res, err := s.Take(ctx, key, limit, 0)
+	if err != nil {
+		return res, err
+	}
+	res.Allowed = res.Remaining >= cost
+	if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
+		hi, lo := bits.Mul64(uint64(limit.Burst-cost), uint64(limit.Period))
+		room, _ := bits.Div64(hi, lo, uint64(limit.Rate)) // Burst*Period/Rate fits: Limit.Validate
+		res.RetryAfter = max(res.ResetAfter-time.Duration(room), time.Microsecond)
+	}
+	return res, nil
 }
 
 // String returns a compact form of l, such as "100/1m0s burst 10".

@@ -172,6 +172,34 @@ func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost in
 	return res, err
 }
 
+// Reset implements [Admin].
+func (m *Memory) Reset(_ context.Context, key string) error {
+	k := m.id(key)
+	sh := &m.shards[k[0]%shards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if bk := sh.buckets[k]; bk != nil {
+		bk.mu.Lock()
+		m.drop(sh, bk, m.now())
+		bk.mu.Unlock()
+	}
+	return nil
+}
+
+// Block implements [Admin].
+func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Duration) error {
+	p, _, err := m.limits.units(key, limit, 0, false)
+	var b params
+	if err == nil {
+		b, err = p.blocking(d)
+	}
+	if err == nil {
+		var res Result
+		m.decide(&res, m.id(key), &b, b.block)
+	}
+	return err
+}
+
 // Refund implements [Refunder].
 func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
 	p, k, err := m.limits.units(key, limit, tokens, true)

@@ -149,6 +149,31 @@ func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Re
 	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1)
 }
 
+// Reset implements [Admin].
+func (r *Redis) Reset(ctx context.Context, key string) error {
+	if r.client == nil {
+		return fmt.Errorf("store: reset %q: %w", key, errNilClient)
+	}
+	if err := r.client.Del(ctx, r.Key(key)).Err(); err != nil {
+		return fmt.Errorf("store: reset %q: %w", key, err)
+	}
+	return nil
+}
+
+// Block implements [Admin], in one script call like a Take's.
+func (r *Redis) Block(ctx context.Context, key string, limit Limit, d time.Duration) error {
+	p, _, err := r.limits.units(key, limit, 0, false)
+	var ps [1]params
+	if err == nil {
+		ps[0], err = p.blocking(d)
+	}
+	if err == nil {
+		var debts [2]int64
+		_, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:])
+	}
+	return err
+}
+
 // TakeDelayed implements [Delayer].
 func (r *Redis) TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error) {
 	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost, MaxDelay: maxDelay}, 1)
@@ -255,7 +280,9 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 	}
 	for _, i := range g {
 		var k any = ps[i].k1 // boxed once: boxing an integer above 255 allocates
-		if sign != 1 || reqs[i].Cost != 1 {
+		if ps[i].block > 0 {
+			k = ps[i].block
+		} else if sign != 1 || reqs[i].Cost != 1 {
 			k = sign * int64(reqs[i].Cost) * ps[i].t
 		}
 		c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])

@@ -189,6 +189,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("TakeAllInvalid", func(t *testing.T) { takeAllInvalid(t, h) })
 	t.Run("Refund", func(t *testing.T) { refund(t, h) })
 	t.Run("Delayed", func(t *testing.T) { delayed(t, h) })
+	t.Run("Admin", func(t *testing.T) { admin(t, h) })
 	t.Run("SmallerLimit", func(t *testing.T) { smallerLimit(t, h, false) })
 	t.Run("SmallerLimitTakeAll", func(t *testing.T) { smallerLimit(t, h, true) })
 	t.Run("TwoLimits", func(t *testing.T) { twoLimits(t, h) })
@@ -574,6 +575,64 @@ func delayed(t *testing.T, h Harness) {
 		{Key: other, Limit: lim, Cost: 1, MaxDelay: time.Hour}, {Key: Key(t), Limit: lim, Cost: 1, MaxDelay: time.Hour}})
 	if err != nil || !rs[0].Allowed || !near(rs[0].Delay, tok) || rs[1].Delay != 0 || rs[1].Remaining != 4 {
 		t.Errorf("TakeAll with MaxDelay = %+v, %v; want allowed, Delays %v and 0", rs, err, tok)
+	}
+}
+
+// admin: Inspect says what a Take would answer without taking; Block makes
+// a bucket refuse everything for its duration, then refill; Reset empties
+// the store of a key.
+func admin(t *testing.T, h Harness) {
+	st := h.New(t)
+	a, ok := st.(store.Admin)
+	if !ok {
+		t.Skipf("%T does not implement store.Admin: Reset and Block not checked", st)
+	}
+	ctx := context.Background()
+	key := Key(t)
+	lim := store.Limit{Rate: 10, Period: time.Hour, Burst: 5}
+	const tok = 6 * time.Minute
+	slack := h.Slack
+	if h.Advance != nil {
+		slack = 0
+	}
+	near := func(got, want time.Duration) bool { return got <= want && got >= want-slack-time.Microsecond }
+	if r, err := st.Take(ctx, key, lim, 3); err != nil || !r.Allowed {
+		t.Fatalf("Take(3) = %+v, %v", r, err)
+	}
+	for _, c := range []struct {
+		cost  int
+		ok    bool
+		retry time.Duration
+	}{{2, true, 0}, {3, false, tok}, {5, false, 3 * tok}} {
+		r, err := store.Inspect(ctx, st, key, lim, c.cost)
+		if err != nil || r.Allowed != c.ok || r.Remaining != 2 || !near(r.RetryAfter, c.retry) {
+			t.Errorf("Inspect(cost %d) = %+v, %v; want allowed %v, 2 left, RetryAfter %v", c.cost, r, err, c.ok, c.retry)
+		}
+	}
+	if r, err := st.Take(ctx, key, lim, 0); err != nil || r.Remaining != 2 {
+		t.Errorf("read after Inspect = %+v, %v; want 2 left: Inspect takes nothing", r, err)
+	}
+	if _, err := store.Inspect(ctx, st, key, lim, 6); !errors.Is(err, store.ErrInvalidCost) {
+		t.Errorf("Inspect(cost 6) = %v; want ErrInvalidCost", err)
+	}
+	if err := a.Block(ctx, key, lim, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// Debt 3 tokens + the bucket + an hour: a token in an hour and 3 tokens' time.
+	if r, err := st.Take(ctx, key, lim, 1); err != nil || r.Allowed || !near(r.RetryAfter, time.Hour+3*tok+tok) {
+		t.Errorf("Take after Block(1h) = %+v, %v; want denied for %v", r, err, time.Hour+4*tok)
+	}
+	if err := a.Block(ctx, key, lim, 0); !errors.Is(err, store.ErrInvalidLimit) {
+		t.Errorf("Block(0) = %v; want ErrInvalidLimit", err)
+	}
+	if err := a.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Take(ctx, key, lim, 5); err != nil || !r.Allowed || r.Remaining != 0 {
+		t.Errorf("Take(5) after Reset = %+v, %v; want allowed: the bucket is full", r, err)
+	}
+	if err := a.Reset(ctx, Key(t)); err != nil {
+		t.Errorf("Reset of a key never used: %v", err)
 	}
 }
 

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/middleware"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// The operator endpoints on both stores: read a client's bucket, block the
+// client (its requests get 429), reset it (they pass again).
+func TestAdmin(t *testing.T) {
+	m := store.NewMemory()
+	t.Cleanup(func() { m.Close() })
+	for name, st := range map[string]Store{
+		"memory": m,
+		"redis":  store.NewRedis(redistest.Server(t).Client(t), store.WithKeyPrefix(t.Name()+":")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			lim, err := middleware.New(st, store.PerMinute(30), middleware.WithName("api"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			api := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+			adm := adminHandler(st, lim)
+			call := func(h http.Handler, method, path string) *httptest.ResponseRecorder {
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(method, path, nil)
+				r.RemoteAddr = "192.0.2.7:1234"
+				h.ServeHTTP(w, r)
+				return w
+			}
+			for range 3 {
+				call(api, "GET", "/")
+			}
+			var got struct{ Remaining int }
+			if w := call(adm, "GET", "/buckets/ip:192.0.2.7"); w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &got) != nil || got.Remaining != 27 {
+				t.Errorf("GET: %d %s; want 27 remaining", w.Code, w.Body)
+			}
+			if w := call(adm, "POST", "/buckets/ip:192.0.2.7?block=10m"); w.Code != http.StatusNoContent {
+				t.Errorf("POST block: %d %s", w.Code, w.Body)
+			}
+			if w := call(api, "GET", "/"); w.Code != http.StatusTooManyRequests {
+				t.Errorf("a blocked client: %d, want 429", w.Code)
+			}
+			if w := call(adm, "POST", "/buckets/ip:192.0.2.7?block=soon"); w.Code != http.StatusBadRequest {
+				t.Errorf("POST block=soon: %d, want 400", w.Code)
+			}
+			if w := call(adm, "DELETE", "/buckets/ip:192.0.2.7"); w.Code != http.StatusNoContent {
+				t.Errorf("DELETE: %d %s", w.Code, w.Body)
+			}
+			if w := call(api, "GET", "/"); w.Code != http.StatusOK {
+				t.Errorf("after the reset: %d, want 200", w.Code)
+			}
+		})
+	}
+}
