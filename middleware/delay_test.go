@@ -119,7 +119,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 }
 
 // Over a longer run, waiting never lets more through than the limit:
-// 32 goroutines for 1.5 s at 20/s burst 5 with WithDelay(500ms).
+// 64 goroutines for 1.5 s at 20/s burst 5 with WithDelay(500ms).
 func TestDelayStaysWithinLimit(t *testing.T) {
 	delayStores(t, func(t *testing.T, s store.Store) {
 		lim := store.Limit{Rate: 20, Period: time.Second, Burst: 5}
@@ -129,7 +129,7 @@ func TestDelayStaysWithinLimit(t *testing.T) {
 		var served atomic.Int64
 		start := time.Now()
 		var wg sync.WaitGroup
-		for range 32 {
+		for range 64 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

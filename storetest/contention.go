@@ -31,6 +31,7 @@ func Contention(t *testing.T, newStore func(t *testing.T) store.Store, d time.Du
 			t.Run("OneKey", func(t *testing.T) { oneKey(t, newStore(t), g, d, false) })
 			t.Run("Refund", func(t *testing.T) { oneKey(t, newStore(t), g, d, true) })
 			t.Run("TwoLimits", func(t *testing.T) { twoLimitsRace(t, newStore(t), g, d) })
+			t.Run("Delayed", func(t *testing.T) { delayedRace(t, newStore(t), g, d) })
 			t.Run("ManyKeys", func(t *testing.T) { manyKeys(t, newStore(t), g, d) })
 			t.Run("TakeAll", func(t *testing.T) { takeAllRace(t, newStore(t), g, d) })
 		})
@@ -138,6 +139,34 @@ func twoLimitsRace(t *testing.T, s store.Store, g int, d time.Duration) {
 	}
 	report(t, check(t, "limit 1 of 2", limits[0], counts[0].Load(), elapsed),
 		check(t, "limit 2 of 2", limits[1], counts[1].Load(), elapsed))
+}
+
+// delayedRace: twoLimitsRace through TakeDelayed with a maxDelay of 200 ms:
+// each limit takes at most its allowance over the run and the 200 ms its
+// tokens may be taken ahead.
+func delayedRace(t *testing.T, st store.Store, g int, d time.Duration) {
+	s, ok := st.(store.Delayer)
+	if !ok {
+		t.Skipf("%T does not implement store.Delayer", st)
+	}
+	ctx := context.Background()
+	key := Key(t)
+	const ahead = 200 * time.Millisecond
+	limits := [2]store.Limit{{Rate: 100, Period: time.Second, Burst: 50}, {Rate: 200, Period: time.Second, Burst: 10}}
+	var counts [2]atomic.Int64
+	elapsed, err := hammer(g, d, func(r *rand.Rand) error {
+		j, cost := r.IntN(2), 1+r.IntN(3)
+		res, err := s.TakeDelayed(ctx, key, limits[j], cost, ahead)
+		if err == nil && res.Allowed {
+			counts[j].Add(int64(cost))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report(t, check(t, "limit 1 of 2, delayed", limits[0], counts[0].Load(), elapsed+ahead),
+		check(t, "limit 2 of 2, delayed", limits[1], counts[1].Load(), elapsed+ahead))
 }
 
 // manyKeys: 1,000 keys at 10/s burst 5, every one judged.
