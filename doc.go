@@ -24,6 +24,9 @@
 //     for services in other languages that share the buckets.
 //   - [github.com/tollgate-go/tollgate/storetest]: the conformance suite both
 //     stores pass, for a store of your own.
+//   - github.com/tollgate-go/tollgate/promobserver and .../otelobserver,
+//     modules of their own: the Observer's events as Prometheus or
+//     OpenTelemetry metrics, with bounded labels.
 //   - [github.com/tollgate-go/tollgate/client]: the other side of the wire, an
 //     http.RoundTripper that waits out 429s and paces requests by the
 //     RateLimit fields it is sent.
