@@ -250,14 +250,18 @@ func shortDuration(d time.Duration) string {
 func (l *Limiter) Name() string { return l.cfg.name }
 
 // StoreKey returns the store key of subject's bucket, subject being what the
-// key function returns (such as "ip:192.0.2.1"): for operator tools
-// ([store.Inspect], [store.Admin]).
+// key function returns (such as "ip:192.0.2.1"), as appendKey builds it: for
+// operator tools ([store.Inspect], [store.Admin]). On a [Multi] it is the
+// bucket of the default plan's first policy.
 func (l *Limiter) StoreKey(subject string) string {
-	pol := &l.def.policies[0]
-	if strings.IndexByte(subject, '{') >= 0 {
-		return "{" + pol.prefix + subject + "}" // as appendKey
+	switch pol := &l.def.policies[0]; {
+	case pol.tagged:
+		return pol.prefix + subject + "}"
+	case strings.IndexByte(subject, '{') >= 0:
+		return "{" + pol.prefix + subject + "}"
+	default:
+		return pol.prefix + subject
 	}
-	return pol.prefix + subject
 }
 
 // Limit returns the limiter's limit.

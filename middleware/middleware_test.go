@@ -783,3 +783,28 @@ func on(kind middleware.EventKind, fn func(middleware.Event)) middleware.Option 
 // quiet is an Observer that drops every event: a limiter without one logs
 // its breaker's transitions.
 var quiet = middleware.WithObserver(middleware.ObserverFunc(func(middleware.Event) {}))
+
+// StoreKey names the bucket a request of the subject is decided on, for a
+// Limiter (a brace in the subject included) and a Multi's first policy.
+func TestStoreKey(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	lim := store.PerMinute(10)
+	for _, subject := range []string{"ip:192.0.2.1", "route:GET /items/{id}"} {
+		key, err := keyfuncs.Static(subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := mustNew(t, m, lim, middleware.WithName("sk"), middleware.WithKeyFunc(key))
+		multi, err := middleware.NewMulti(m, []middleware.Policy{{Name: "skm", Limit: lim}}, middleware.WithKeyFunc(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range []*middleware.Limiter{l, multi.Limiter} {
+			h.Handler(okHandler).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+			if r, err := m.Take(context.Background(), h.StoreKey(subject), lim, 0); err != nil || r.Remaining != 9 {
+				t.Errorf("%s: the bucket StoreKey(%q) = %q names holds %d (%v); want 9: the request's", h.Name(), subject, h.StoreKey(subject), r.Remaining, err)
+			}
+		}
+	}
+}
