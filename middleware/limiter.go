@@ -264,6 +264,16 @@ func (l *Limiter) StoreKey(subject string) string {
 	}
 }
 
+// Forget drops this process's cached denial of subject (WithDenyCache), as
+// when an operator resets its bucket (store.Admin): otherwise the cache
+// keeps refusing it until the time the store gave. Other servers' caches
+// keep theirs.
+func (l *Limiter) Forget(subject string) {
+	if l.deny != nil {
+		l.deny.forget([]byte(l.StoreKey(subject)))
+	}
+}
+
 // Limit returns the limiter's limit.
 func (l *Limiter) Limit() store.Limit { return l.limit }
 

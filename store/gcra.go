@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync/atomic"
@@ -100,6 +101,14 @@ func (p *params) blocking(d time.Duration) (params, error) {
 	b.block, b.fit = p.cap+int64(lo), maxProduct
 	b.fitUs, b.args[0] = b.fit/b.q+1, b.fit
 	return b, nil
+}
+
+// ErrBlockTooLong is wrapped by the error of a Block that the bucket cannot
+// hold on top of its debt (2^50 units in all): it writes nothing.
+var ErrBlockTooLong = errors.New("block too long for the bucket")
+
+func errBlockFull(key string) error {
+	return fmt.Errorf("store: block %q: %w on top of its debt: nothing written", key, ErrBlockTooLong)
 }
 
 // fits reports whether k = cost*t units fit in debt (du, df); k <= 0 always does.

@@ -58,7 +58,10 @@ type Admin interface {
 	// Reset forgets the bucket named key, under every limit: it is full.
 	Reset(ctx context.Context, key string) error
 	// Block makes key's bucket under limit refuse every Take for d (longer
-	// if it was in debt already), then refill at the rate; Reset ends it.
+	// if it was in debt already), then refill at the rate; Reset ends it
+	// (but not a denial a limiter's deny cache holds: see
+	// middleware.Limiter.Forget). A Block that the bucket cannot hold on top
+	// of its debt is an error and writes nothing.
 	Block(ctx context.Context, key string, limit Limit, d time.Duration) error
 }
 
@@ -66,6 +69,9 @@ type Admin interface {
 // what a Take of cost would answer now: Allowed, Remaining, RetryAfter (to
 // the microsecond rounded up) and ResetAfter.
 func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
+	if err := limit.Validate(); err != nil {
+		return Result{}, err
+	}
 	if cost < 0 || cost > limit.Burst {
 		return Result{}, fmt.Errorf("store: inspect %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, cost, limit.Burst, limit)
 	}
@@ -77,7 +83,8 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 	if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
 		hi, lo := bits.Mul64(uint64(limit.Burst-cost), uint64(limit.Period))
 		room, _ := bits.Div64(hi, lo, uint64(limit.Rate)) // Burst*Period/Rate fits: Limit.Validate
-		res.RetryAfter = max(res.ResetAfter-time.Duration(room), time.Microsecond)
+		wait := res.ResetAfter - time.Duration(room)
+		res.RetryAfter = max((wait + time.Microsecond - 1).Truncate(time.Microsecond), time.Microsecond)
 	}
 	return res, nil
 }

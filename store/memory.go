@@ -195,7 +195,9 @@ func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Durati
 	}
 	if err == nil {
 		var res Result
-		m.decide(&res, m.id(key), &b, b.block)
+		if m.decide(&res, m.id(key), &b, b.block); !res.Allowed {
+			err = errBlockFull(key)
+		}
 	}
 	return err
 }
@@ -251,7 +253,11 @@ func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 		bk.mu.Unlock()
 	} else if k > 0 { // a missing key is a full bucket: only a Take writes one
 		du, df = p.after(0, 0, k)
-		m.insert(sh, key, tat{now + du, df, p.q}, now, []*shard{sh})
+		bk = m.insert(sh, key, tat{now + du, df, p.q}, now, []*shard{sh})
+	}
+	if bk != nil { // the hint may name a dropped bucket of this key
+		sh.last.Store(bk)
+		sh.lastID.Store(key[0])
 	}
 	sh.mu.Unlock()
 	p.fill(res, du, df, k, allowed)
@@ -269,13 +275,15 @@ func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
 
 // insert adds a bucket in state s to sh, making room first at MaxKeys (the
 // cap holds at every instant). The caller write-locks held, sh among them.
-func (m *Memory) insert(sh *shard, key id, s tat, now int64, held []*shard) {
+func (m *Memory) insert(sh *shard, key id, s tat, now int64, held []*shard) *bucket {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
 			m.evict(held, now)
 		}
 	}
-	sh.buckets[key] = &bucket{s: s, id: key}
+	bk := &bucket{s: s, id: key}
+	sh.buckets[key] = bk
+	return bk
 }
 
 // drop removes bk from sh. The caller holds sh's write lock and bk.mu.

@@ -169,7 +169,10 @@ func (r *Redis) Block(ctx context.Context, key string, limit Limit, d time.Durat
 	}
 	if err == nil {
 		var debts [2]int64
-		_, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:])
+		var blocked bool
+		if blocked, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:]); err == nil && !blocked {
+			err = errBlockFull(key)
+		}
 	}
 	return err
 }

@@ -625,6 +625,18 @@ func admin(t *testing.T, h Harness) {
 	if err := a.Block(ctx, key, lim, 0); !errors.Is(err, store.ErrInvalidLimit) {
 		t.Errorf("Block(0) = %v; want ErrInvalidLimit", err)
 	}
+	// 20 years twice is more than the bucket holds (2^50 µs at this limit):
+	// the second Block is an error and writes nothing.
+	const years20 = 20 * 365 * 24 * time.Hour
+	if err := a.Block(ctx, key, lim, years20); err != nil {
+		t.Fatalf("Block(20 years) = %v", err)
+	}
+	if err := a.Block(ctx, key, lim, years20); !errors.Is(err, store.ErrBlockTooLong) {
+		t.Errorf("a second Block(20 years) = %v; want ErrBlockTooLong", err)
+	}
+	if r, err := st.Take(ctx, key, lim, 1); err != nil || r.Allowed || !near(r.RetryAfter, years20+time.Hour+9*tok) { // each Block adds the bucket too
+		t.Errorf("Take after the refused Block = %+v, %v; want denied for the first ones only", r, err)
+	}
 	if err := a.Reset(ctx, key); err != nil {
 		t.Fatal(err)
 	}

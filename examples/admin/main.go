@@ -39,7 +39,7 @@ type Store interface {
 // Authentication is the caller's: see the package doc.
 func adminHandler(st Store, lim *middleware.Limiter) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /buckets/{subject}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /buckets/{subject...}", func(w http.ResponseWriter, r *http.Request) {
 		res, err := store.Inspect(r.Context(), st, lim.StoreKey(r.PathValue("subject")), lim.Limit(), 1)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
@@ -51,14 +51,15 @@ func adminHandler(st Store, lim *middleware.Limiter) http.Handler {
 			"retry_after": res.RetryAfter.String(), "reset_after": res.ResetAfter.String(),
 		})
 	})
-	mux.HandleFunc("DELETE /buckets/{subject}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("DELETE /buckets/{subject...}", func(w http.ResponseWriter, r *http.Request) {
 		if err := st.Reset(r.Context(), lim.StoreKey(r.PathValue("subject"))); err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
+		lim.Forget(r.PathValue("subject")) // this server's deny cache, if it has one
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST /buckets/{subject}", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /buckets/{subject...}", func(w http.ResponseWriter, r *http.Request) {
 		d, err := time.ParseDuration(r.URL.Query().Get("block"))
 		if err != nil || d <= 0 {
 			http.Error(w, "block: a positive duration, such as 10m", http.StatusBadRequest)
@@ -66,7 +67,7 @@ func adminHandler(st Store, lim *middleware.Limiter) http.Handler {
 		}
 		err = st.Block(r.Context(), lim.StoreKey(r.PathValue("subject")), lim.Limit(), d)
 		switch {
-		case errors.Is(err, store.ErrInvalidLimit):
+		case errors.Is(err, store.ErrInvalidLimit) || errors.Is(err, store.ErrBlockTooLong):
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusBadGateway)
