@@ -143,13 +143,7 @@ func TestFaultAppPause(t *testing.T) {
 		}
 		client.CloseIdleConnections()
 		elapsed := time.Since(start)
-		lim := appPauseLimit
-		shared := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
-		// As in TestFaultStallUnderFlood: per server a burst, then the rate
-		// over the pause, the budget of the 5 failures that open the breaker
-		// and the cooldown until its probe succeeds.
-		local := float64(lim.Burst) + float64(lim.Rate)*(pause+middleware.DefaultBreakerCooldown+5*middleware.DefaultTimeout).Seconds()
-		most := shared + 2*local
+		shared, most := floodBound(appPauseLimit, elapsed, pause, 2)
 		t.Logf("2 app servers, %s policy, flood for %v, one paused %v (store errors there: %s): %d allowed; shared allowance %.0f, at most %.0f with the local fallback",
 			policy, elapsed.Round(time.Millisecond), pause, storeErrors, allowed.Load(), shared, most)
 		if policy == "default" && float64(allowed.Load()) > most {

@@ -500,6 +500,17 @@ func TestFaultSentinelFailover(t *testing.T) {
 	}
 }
 
+// floodBound returns what a flood of elapsed may get through servers sharing
+// lim with default options while one stall of pause opens their breakers:
+// the shared allowance, and that plus, per server, a local burst and the rate
+// over the stall, the budget of each of the 5 failures that open the breaker
+// and the cooldown (1 s) until its probe succeeds.
+func floodBound(lim store.Limit, elapsed, pause time.Duration, servers int) (shared, most float64) {
+	shared = float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
+	local := float64(lim.Burst) + float64(lim.Rate)*(pause+middleware.DefaultBreakerCooldown+5*middleware.DefaultTimeout).Seconds()
+	return shared, shared + float64(servers)*local
+}
+
 // TestFaultStallUnderFlood: two app servers with default options share one
 // Redis; one client floods both from 32 goroutines for 3 s, and Redis is
 // paused (SIGSTOP) for 0.2 s in the middle, longer than the budget. A stall
@@ -547,12 +558,7 @@ func TestFaultStallUnderFlood(t *testing.T) {
 	srv.Resume()
 	wg.Wait()
 	elapsed := time.Since(start)
-	shared := float64(lim.Burst) + float64(lim.Rate)*elapsed.Seconds()
-	// Locally, per server: a burst, then the rate while Redis is paused and
-	// for up to a cooldown (1 s) after, until the breaker's probe succeeds,
-	// plus the budget (100 ms) of each of the 5 failures that open it.
-	local := float64(lim.Burst) + float64(lim.Rate)*(pause+middleware.DefaultBreakerCooldown+5*middleware.DefaultTimeout).Seconds()
-	most := shared + float64(len(servers))*local
+	shared, most := floodBound(lim, elapsed, pause, len(servers))
 	t.Logf("2 servers, default options, flood for %v, Redis paused %v: %d allowed; shared allowance %.0f, at most %.0f with the local fallback",
 		elapsed.Round(time.Millisecond), pause, allowed.Load(), shared, most)
 	if float64(allowed.Load()) > most {

@@ -122,23 +122,10 @@ func oneKey(t *testing.T, s store.Store, g int, d time.Duration, refund bool) {
 // twoLimitsRace: one key, each goroutine deciding under one of two Limits in
 // turn; each Limit's own count is judged.
 func twoLimitsRace(t *testing.T, s store.Store, g int, d time.Duration) {
-	ctx := context.Background()
-	key := Key(t)
-	limits := [2]store.Limit{{Rate: 100, Period: time.Second, Burst: 50}, {Rate: 200, Period: time.Second, Burst: 10}}
-	var counts [2]atomic.Int64
-	elapsed, err := hammer(g, d, func(r *rand.Rand) error {
-		j, cost := r.IntN(2), 1+r.IntN(3)
-		res, err := s.Take(ctx, key, limits[j], cost)
-		if err == nil && res.Allowed {
-			counts[j].Add(int64(cost))
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	take := func(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+		return s.Take(ctx, key, lim, cost)
 	}
-	report(t, check(t, "limit 1 of 2", limits[0], counts[0].Load(), elapsed),
-		check(t, "limit 2 of 2", limits[1], counts[1].Load(), elapsed))
+	raceTwoLimits(t, take, 0, g, d)
 }
 
 // delayedRace: twoLimitsRace through TakeDelayed with a maxDelay of 200 ms:
@@ -149,14 +136,23 @@ func delayedRace(t *testing.T, st store.Store, g int, d time.Duration) {
 	if !ok {
 		t.Skipf("%T does not implement store.Delayer", st)
 	}
+	const ahead = 200 * time.Millisecond
+	take := func(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+		return s.TakeDelayed(ctx, key, lim, cost, ahead)
+	}
+	raceTwoLimits(t, take, ahead, g, d)
+}
+
+// raceTwoLimits hammers one key through take under two Limits in turn and
+// judges each Limit's count over the run and ahead.
+func raceTwoLimits(t *testing.T, take func(context.Context, string, store.Limit, int) (store.Result, error), ahead time.Duration, g int, d time.Duration) {
 	ctx := context.Background()
 	key := Key(t)
-	const ahead = 200 * time.Millisecond
 	limits := [2]store.Limit{{Rate: 100, Period: time.Second, Burst: 50}, {Rate: 200, Period: time.Second, Burst: 10}}
 	var counts [2]atomic.Int64
 	elapsed, err := hammer(g, d, func(r *rand.Rand) error {
 		j, cost := r.IntN(2), 1+r.IntN(3)
-		res, err := s.TakeDelayed(ctx, key, limits[j], cost, ahead)
+		res, err := take(ctx, key, limits[j], cost)
 		if err == nil && res.Allowed {
 			counts[j].Add(int64(cost))
 		}
@@ -165,8 +161,8 @@ func delayedRace(t *testing.T, st store.Store, g int, d time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	report(t, check(t, "limit 1 of 2, delayed", limits[0], counts[0].Load(), elapsed+ahead),
-		check(t, "limit 2 of 2, delayed", limits[1], counts[1].Load(), elapsed+ahead))
+	report(t, check(t, "limit 1 of 2", limits[0], counts[0].Load(), elapsed+ahead),
+		check(t, "limit 2 of 2", limits[1], counts[1].Load(), elapsed+ahead))
 }
 
 // manyKeys: 1,000 keys at 10/s burst 5, every one judged.
