@@ -105,8 +105,7 @@ func (b *batcher) work() {
 }
 
 // send runs batch in one pipeline and answers every call, in order (batch[:n]
-// are answered; their callers may reuse them). On a client hook's panic or
-// Goexit, the rest get an error: none waits for ever, no panic ends the process.
+// are answered). On a client hook's panic or Goexit, the rest get an error.
 func (b *batcher) send(batch []*call) {
 	n := 0
 	defer func() {
@@ -156,8 +155,7 @@ func (b *batcher) send(batch []*call) {
 }
 
 // batchContext returns a pipeline's context: its first call's values (for
-// client hooks such as tracing), no cancellation (one caller leaving must not
-// fail the others), and the calls' latest deadline, or none if one has none.
+// client hooks), no cancellation, and the calls' latest deadline, if all have one.
 func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	first := context.WithoutCancel(calls[0].ctx)
 	var last time.Time

@@ -138,36 +138,43 @@ func NewMemory(opts ...MemoryOption) *Memory {
 
 // Take implements [Store]. It never blocks on I/O and ignores ctx, so it still
 // decides past a deadline (degraded mode); it keeps no reference to key.
-func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
-	p, k, err := m.limits.units(key, limit, cost, false)
-	if err == nil {
-		m.decide(&res, m.id(key), p, k)
-	}
-	return res, err
+func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (Result, error) {
+	return m.take(key, m.id(key), limit, cost, 0, false)
 }
 
 // TakeBytes is Take for a key held in bytes, which it neither keeps nor
 // changes (the store keeps only hashes of its keys), so that a caller that
 // builds keys in a buffer, as the middleware does, decides without
 // allocating. A key in bytes and the same key as a string name one bucket.
-func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (res Result, err error) {
-	p, k, err := m.limits.units("", limit, cost, false)
+func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (Result, error) {
+	res, err := m.take("", id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, limit, cost, 0, false)
 	if err != nil {
 		return m.Take(ctx, string(key), limit, cost) // the error, naming the key
 	}
-	m.decide(&res, id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, p, k)
 	return res, nil
 }
 
 // TakeDelayed implements [Delayer].
-func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (res Result, err error) {
-	p, k, err := m.limits.units(key, limit, cost, false)
-	var d params
-	if err == nil {
-		d, err = p.delayed(maxDelay)
+func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error) {
+	return m.take(key, m.id(key), limit, cost, maxDelay, false)
+}
+
+// Refund implements [Refunder].
+func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (Result, error) {
+	return m.take(key, m.id(key), limit, tokens, 0, true)
+}
+
+// take decides n tokens (refund: given back) of bucket k, named key in errors.
+func (m *Memory) take(key string, k id, limit Limit, n int, maxDelay time.Duration, refund bool) (res Result, err error) {
+	p, u, err := m.limits.units(key, limit, n, refund)
+	if err == nil && maxDelay != 0 {
+		var d params
+		if d, err = p.delayed(maxDelay); err == nil {
+			p = &d
+		}
 	}
 	if err == nil {
-		m.decide(&res, m.id(key), &d, k)
+		m.decide(&res, k, p, u)
 	}
 	return res, err
 }
@@ -200,15 +207,6 @@ func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Durati
 		}
 	}
 	return err
-}
-
-// Refund implements [Refunder].
-func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
-	p, k, err := m.limits.units(key, limit, tokens, true)
-	if err == nil {
-		m.decide(&res, m.id(key), p, k)
-	}
-	return res, err
 }
 
 // decide adds k units to key's bucket (k < 0: gives back), describing it in res.

@@ -19,12 +19,12 @@ import (
 const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, shared by every server of an
-// application. Each Take is one EVALSHA of [lua.TokenBucket] (a round trip,
-// atomic, on Redis's clock), sent again once as EVAL if Redis lacks the script,
-// and batched with concurrent ones. A restart without persistence refills
-// every bucket. It takes a go-redis Client (single node or Sentinel),
-// ClusterClient or Ring with ContextTimeoutEnabled ([Redis.Validate]). Redis
-// is safe for concurrent use; its zero value is not usable, call [NewRedis].
+// application. Each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
+// Redis's clock), sent again as EVAL if Redis lacks the script, and batched
+// with concurrent ones. A restart without persistence refills every bucket.
+// It takes a go-redis Client (single node or Sentinel), ClusterClient or Ring
+// with ContextTimeoutEnabled ([Redis.Validate]). Redis is safe for concurrent
+// use; call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
 	cluster   *redis.ClusterClient // client, when it is a Cluster client
@@ -51,10 +51,8 @@ func WithKeyPrefix(prefix string) RedisOption { return func(r *Redis) { r.prefix
 
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
-// Below n in flight a Take goes out at once, alone (no delay at low load), else
-// in the next pipeline, with up to 128 queued meanwhile, each its own EVALSHA.
-// On a Cluster, batches are per master; a redirect (MOVED, ASK) is sent alone.
-// Client hooks see pipelines.
+// Below n in flight a Take goes out alone at once, else in the next pipeline
+// of up to 128 EVALSHAs; on a Cluster, per master (a redirect is sent alone).
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {
@@ -87,8 +85,8 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 }
 
 // Validate returns an error, which middleware.New refuses, for a nil client, an
-// unusable option (then ignored, such as WithBatching(-1)), or a client that does
-// not end calls at the context's deadline: a stalled Redis would hold requests.
+// unusable option (ignored), or a client that does not end calls at the
+// context's deadline: a stalled Redis would hold requests.
 func (r *Redis) Validate() error {
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
@@ -129,9 +127,8 @@ func (r *Redis) Key(key string) string {
 	return r.prefix + "{" + string(t[:]) + "}" + stored
 }
 
-// Check runs the script once, on a fresh key that expires within a millisecond,
-// and returns what keeps the store from deciding, or nil: an ACL that forbids
-// the script or a command in it (naming what to grant), or no scripting.
+// Check runs the script once on a fresh key and returns what keeps the store
+// from deciding, or nil: an ACL that forbids the script (naming what to grant).
 func (r *Redis) Check(ctx context.Context) error {
 	key := "#check:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	_, err := r.Take(ctx, key, Limit{Rate: 1, Period: time.Millisecond, Burst: 1}, 1)
@@ -151,10 +148,11 @@ func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Re
 
 // Reset implements [Admin].
 func (r *Redis) Reset(ctx context.Context, key string) error {
-	if r.client == nil {
-		return fmt.Errorf("store: reset %q: %w", key, errNilClient)
+	err := errNilClient
+	if r.client != nil {
+		err = r.client.Del(ctx, r.Key(key)).Err()
 	}
-	if err := r.client.Del(ctx, r.Key(key)).Err(); err != nil {
+	if err != nil {
 		return fmt.Errorf("store: reset %q: %w", key, err)
 	}
 	return nil
@@ -207,11 +205,10 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	return res, nil
 }
 
-// TakeAll implements [MultiStore] in one atomic script call on a single node or
-// Sentinel. On a Cluster or Ring, each group of keys ([Redis.Key]) is a call, in
-// order; if one is denied or fails, earlier ones' tokens go back (each within
-// 100 ms, even after ctx ends; a failed refund leaves them taken: strict, never
-// loose) and later groups read while ctx lasts.
+// TakeAll implements [MultiStore] in one atomic script call on a single node.
+// On a Cluster or Ring, each group of keys ([Redis.Key]) is a call, in order;
+// if one is denied or fails, earlier ones' tokens go back (within 100 ms; a
+// failed refund leaves them taken: strict) and later groups read while ctx lasts.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &r.limits)
 	if err != nil {
@@ -227,11 +224,11 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		if r.tagged {
 			t = tag(q.Key)
 		}
-		j := slices.Index(tags, t)
-		if j < 0 {
-			tags, groups, j = append(tags, t), append(groups, nil), len(groups)
+		if j := slices.Index(tags, t); j >= 0 {
+			groups[j] = append(groups[j], i)
+		} else {
+			tags, groups = append(tags, t), append(groups, []int{i})
 		}
-		groups[j] = append(groups[j], i)
 	}
 	for gi, g := range groups {
 		allowed, err := r.group(ctx, reqs, ps, g, 1, debts)
@@ -304,8 +301,8 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 	return allowed, nil
 }
 
-// giveBack refunds what the groups taken took on another goroutine, each call
-// with its own 100 ms deadline (so even after ctx's), waiting while ctx lasts.
+// giveBack refunds what the groups taken took, on another goroutine, each call
+// within 100 ms (even after ctx ends), waiting while ctx lasts.
 func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int) {
 	if len(taken) == 0 {
 		return
@@ -390,8 +387,8 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 	return nil
 }
 
-// isNoScript reports whether err says Redis lacks the script ("NOSCRIPT No
-// matching script...", which proxies and managed services may reword or prefix).
+// isNoScript reports whether err says Redis lacks the script (which proxies
+// and managed services may reword or prefix).
 func isNoScript(err error) bool {
 	var rerr redis.Error // a Redis reply: EVAL would not help a network error
 	msg := strings.ToLower(err.Error())
