@@ -61,41 +61,6 @@ func BenchmarkWrite(b *testing.B) {
 	})
 }
 
-// BenchmarkCacheWrite measures Cache.Write as the middleware calls it:
-// from the table, and formatting every time (a new pair per iteration).
-func BenchmarkCacheWrite(b *testing.B) {
-	now := time.Unix(1_700_000_000, 0)
-	c := NewCache(Default, benchUser.Name, benchUser.Limit, benchUser.Rate, benchUser.Window)
-	b.Run("Default/one quota", func(b *testing.B) {
-		b.ReportAllocs()
-		h := make(http.Header)
-		for i := 0; i < b.N; i++ {
-			clear(h)
-			c.Write(h, benchUser, now)
-		}
-	})
-	b.Run("Default/one quota, miss", func(b *testing.B) {
-		b.ReportAllocs()
-		h := make(http.Header)
-		q := benchUser
-		for i := 0; i < b.N; i++ {
-			clear(h)
-			q.Reset = time.Duration(i) * time.Second
-			c.Write(h, q, now)
-		}
-	})
-	b.Run("Default/parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			h := make(http.Header)
-			for pb.Next() {
-				clear(h)
-				c.Write(h, benchUser, now)
-			}
-		})
-	})
-}
-
 func BenchmarkWriteRetryAfter(b *testing.B) {
 	now := time.Unix(1_700_000_000, 0)
 	h := make(http.Header)

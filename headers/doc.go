@@ -93,18 +93,9 @@
 //
 // Write and WriteRetryAfter keep no state: they are safe for concurrent use
 // on different headers, and like [http.Header] itself not on the same one.
-// Write runs on every request. It builds all values in one buffer with
-// [strconv.AppendInt] and, for one quota on a header without our fields,
-// allocates twice: one string holding every value and one backing array
-// for the field slices.
-//
-// A [Cache] writes one policy's fields as Write does, but formats each
-// value once and keeps it: on a header without our fields it allocates
-// nothing for a (remaining, reset) pair it has seen recently, and
-// [Cache.WriteDenied] also sets Retry-After without reading the header
-// back. Its field slices are shared between responses, so code after it
-// must replace a field (as [http.Header.Set] does), never write into the
-// slice.
+// Write sets each field with [http.Header.Set], a slice of its own, and
+// formats every value: about ten allocations. The middleware calls it on
+// the first response of each (remaining, reset) pair and reuses its values.
 //
 // # References
 //

@@ -45,8 +45,6 @@ func FuzzWrite(f *testing.F) {
 		for _, q := range quotas {
 			Write(h, profile, q, now)
 		}
-		checkCache(t, profile, now, quotas, h)
-		checkCacheDenied(t, profile, now, quotas, time.Duration(retry))
 
 		m := newModel(profile, now, quotas)
 		if profile&Draft11 != 0 {
@@ -216,33 +214,6 @@ func checkTrio(t *testing.T, h http.Header, keys *trioKeys, written bool, want [
 	}
 }
 
-// checkCache checks that a Cache for the first quota's policy writes what
-// Write writes: the same fields as want after the same sequence of quotas,
-// and for each quota alone on a fresh header, both when it formats the
-// values and when it takes them from its table.
-func checkCache(t *testing.T, p Profile, now time.Time, quotas []Quota, want http.Header) {
-	t.Helper()
-	c := NewCache(p, quotas[0].Name, quotas[0].Limit, quotas[0].Rate, quotas[0].Window)
-	got := make(http.Header)
-	for _, q := range quotas {
-		c.Write(got, q, now)
-	}
-	if !equalHeader(got, want) {
-		t.Fatalf("Cache.Write: got %q, want %q as Write writes", fields(got), fields(want))
-	}
-	for _, q := range quotas {
-		want := make(http.Header)
-		Write(want, p, q, now)
-		for i := range 2 {
-			got := make(http.Header)
-			c.Write(got, q, now)
-			if !equalHeader(got, want) {
-				t.Fatalf("Cache.Write(%+v), time %d: got %q, want %q as Write writes", q, i+1, fields(got), fields(want))
-			}
-		}
-	}
-}
-
 func equalHeader(a, b http.Header) bool {
 	if len(a) != len(b) {
 		return false
@@ -253,32 +224,6 @@ func equalHeader(a, b http.Header) bool {
 		}
 	}
 	return true
-}
-
-// checkCacheDenied checks that Cache.WriteDenied writes what Write and
-// WriteRetryAfter write, for each quota on a fresh header and on one where
-// the other quotas were written first.
-func checkCacheDenied(t *testing.T, p Profile, now time.Time, quotas []Quota, d time.Duration) {
-	t.Helper()
-	for i, q := range quotas {
-		c := NewCache(p, q.Name, q.Limit, q.Rate, q.Window)
-		for _, others := range [][]Quota{nil, quotas[:i], quotas[i+1:]} {
-			for range 2 { // formatted, then from the table
-				want, got := make(http.Header), make(http.Header)
-				for _, o := range others {
-					Write(want, Draft03|XRateLimitDelta, o, now)
-					Write(got, Draft03|XRateLimitDelta, o, now)
-				}
-				Write(want, p, q, now)
-				writeRetryAfter(want, d, now)
-				c.writeDenied(got, q, d, now, func() time.Time { return now })
-				if !equalHeader(got, want) {
-					t.Fatalf("Cache.WriteDenied(%+v, %v) after %d others: got %q, want %q as Write and WriteRetryAfter write",
-						q, d, len(others), fields(got), fields(want))
-				}
-			}
-		}
-	}
 }
 
 // FuzzMerge writes a quota into a header whose RateLimit fields other code

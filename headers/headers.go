@@ -115,26 +115,6 @@ const sfIntegerMax = 999_999_999_999_999
 // a delay of 31 years) up are Unix times.
 const epochThreshold = 1_000_000_000
 
-// maxFields is the most fields one Write sets: two List fields and two trios.
-const maxFields = 8
-
-// span is one field value built by Write: its key and its bytes in the buffer.
-type span struct {
-	key        string
-	start, end int
-}
-
-// fieldSpans records which bytes of Write's buffer are the value of which field.
-type fieldSpans struct {
-	s [maxFields]span
-	n int
-}
-
-func (f *fieldSpans) add(key string, start, end int) {
-	f.s[f.n] = span{key, start, end}
-	f.n++
-}
-
 // Write adds q to h under profile p. now is used only for XRateLimitEpoch.
 //
 // The List fields (Draft11) get one item per policy name: an item of the
@@ -149,65 +129,41 @@ func (f *fieldSpans) add(key string, start, end int) {
 // h must not be nil. Like [http.Header] itself, Write must not be called
 // concurrently on the same h.
 func Write(h http.Header, p Profile, q Quota, now time.Time) {
-	// All values are built into one buffer that starts on the stack; one
-	// string conversion and one []string backing array then serve every
-	// field, so a Write whose values fit the buffer costs two allocations
-	// however many fields it sets.
-	// (b is a local variable, not a struct field, so that it can stay on
-	// the stack.)
-	var stack [512]byte
-	b := stack[:0]
-	var fs fieldSpans
-
 	if p&Draft11 != 0 {
-		start := len(b)
-		b = appendMerged(b, h[keyPolicy], &q, true)
-		fs.add(keyPolicy, start, len(b))
-		start = len(b)
-		b = appendMerged(b, h[keyRateLimit], &q, false)
-		fs.add(keyRateLimit, start, len(b))
+		h.Set(keyPolicy, string(appendMerged(nil, h[keyPolicy], &q, true)))
+		h.Set(keyRateLimit, string(appendMerged(nil, h[keyRateLimit], &q, false)))
 	}
-	limit, remaining := clampInt(q.Limit), clampInt(q.Remaining)
+	t := trio{clampInt(q.Limit), clampInt(q.Remaining), Seconds(q.Reset)}
 	if p&Draft03 != 0 {
-		t := trio{limit, remaining, Seconds(q.Reset)}
-		if t.replaces(h, &draft03Keys) {
-			b = t.append(b, &fs, &draft03Keys)
-		}
+		t.write(h, &draft03Keys)
+	}
+	if p&XRateLimitEpoch != 0 {
+		t.reset = epochSeconds(now, q.Reset)
 	}
 	if p&(XRateLimitEpoch|XRateLimitDelta) != 0 {
-		t := trio{limit, remaining, Seconds(q.Reset)}
-		if p&XRateLimitEpoch != 0 {
-			t.reset = epochSeconds(now, q.Reset)
-		}
-		if t.replaces(h, &xKeys) {
-			b = t.append(b, &fs, &xKeys)
-		}
-	}
-	if fs.n == 0 {
-		return
-	}
-
-	s := string(b)
-	vals := make([]string, fs.n)
-	for i, sp := range fs.s[:fs.n] {
-		vals[i] = s[sp.start:sp.end]
-		// Full slice expression: an Add to one field must not overwrite the next.
-		h[sp.key] = vals[i : i+1 : i+1]
+		t.write(h, &xKeys)
 	}
 }
 
-// append appends t's three values to b, one field each.
-func (t trio) append(b []byte, fs *fieldSpans, keys *trioKeys) []byte {
-	start := len(b)
-	b = strconv.AppendInt(b, t.limit, 10)
-	fs.add(keys.limit, start, len(b))
-	start = len(b)
-	b = strconv.AppendInt(b, t.remaining, 10)
-	fs.add(keys.remaining, start, len(b))
-	start = len(b)
-	b = strconv.AppendInt(b, t.reset, 10)
-	fs.add(keys.reset, start, len(b))
-	return b
+// write sets the fields keys of h to t, unless what they hold parses and is
+// as tight as t.
+func (t trio) write(h http.Header, keys *trioKeys) {
+	if old, ok := readTrio(h, keys); ok && !t.tighter(old) {
+		return
+	}
+	h.Set(keys.limit, strconv.FormatInt(t.limit, 10))
+	h.Set(keys.remaining, strconv.FormatInt(t.remaining, 10))
+	h.Set(keys.reset, strconv.FormatInt(t.reset, 10))
+}
+
+// Present reports whether h holds any rate-limit field that [Write] writes,
+// under any profile.
+func Present(h http.Header) bool {
+	return len(h[keyPolicy]) != 0 || len(h[keyRateLimit]) != 0 || !trioAbsent(h, &draft03Keys) || !trioAbsent(h, &xKeys)
+}
+
+func trioAbsent(h http.Header, keys *trioKeys) bool {
+	return len(h[keys.limit]) == 0 && len(h[keys.remaining]) == 0 && len(h[keys.reset]) == 0
 }
 
 // WriteRetryAfter sets Retry-After for a 429 (or 503): d rounded up to whole
@@ -493,12 +449,6 @@ func appendItem(b []byte, q *Quota, policy bool) []byte {
 	return appendRateLimitParams(b, clampInt(q.Remaining), Seconds(q.Reset))
 }
 
-// appendRateLimitItem appends the RateLimit item of the policy name with r
-// tokens remaining and t seconds to the next one.
-func appendRateLimitItem(b []byte, name string, r, t int64) []byte {
-	return appendRateLimitParams(appendString(b, name), r, t)
-}
-
 func appendRateLimitParams(b []byte, r, t int64) []byte {
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, r, 10)
@@ -555,13 +505,6 @@ func (t trio) tighter(u trio) bool {
 		return t.reset > u.reset
 	}
 	return t.limit < u.limit
-}
-
-// replaces reports whether t should be written over the fields keys in h:
-// when they are missing or do not parse, or when t is tighter.
-func (t trio) replaces(h http.Header, keys *trioKeys) bool {
-	old, ok := readTrio(h, keys)
-	return !ok || t.tighter(old)
 }
 
 // readTrio reads the fields keys from h, if each is present once and is a

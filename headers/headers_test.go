@@ -434,18 +434,6 @@ func TestWriteValuesDoNotShareCapacity(t *testing.T) {
 	}
 }
 
-func TestWriteAllocs(t *testing.T) {
-	h := make(http.Header)
-	q := Quota{Name: "per-user", Limit: 100, Window: time.Minute, Remaining: 42, Reset: 1500 * time.Millisecond}
-	got := testing.AllocsPerRun(100, func() {
-		clear(h)
-		Write(h, Default, q, epoch)
-	})
-	if got > 2 {
-		t.Errorf("Write(Default) of one quota on an empty header: got %v allocs, want at most 2", got)
-	}
-}
-
 func TestProfileValidate(t *testing.T) {
 	tests := []struct {
 		p       Profile

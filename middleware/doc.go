@@ -28,10 +28,10 @@
 //
 // An allowed request allocates nothing in the limiter with the default
 // key function, the default headers and the Memory store: the store key is
-// built in a pooled buffer, and the header values come from a
-// [headers.Cache] that formats each distinct value once. (The header
-// slices are shared between responses: code after the limiter must replace
-// a rate-limit field, as [http.Header.Set] does, not write into its slice.)
+// built in a pooled buffer, and the header values of each (remaining, reset)
+// pair are formatted once and shared by the responses that report it. (So
+// code after the limiter must replace a rate-limit field, as
+// [http.Header.Set] does, never write into its slice.)
 // On the Redis store the key is copied once for the client.
 //
 // # Names and keys

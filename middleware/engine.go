@@ -34,7 +34,7 @@ type policy struct {
 	key     keyfuncs.KeyFunc // nil: the TCP peer, appended without a string
 	prefix  string           // "<name>:", or "[<tier>/]<name>:{" if tagged
 	tagged  bool             // a Multi's: the subject in braces, the Cluster hash tag of its policies
-	hdr     *headers.Cache   // nil: no rate-limit headers
+	hdr     *fieldCache      // nil: no rate-limit headers
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
 
@@ -502,7 +502,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	if allowed || c.dryRun {
 		for i := range q.p.policies {
 			if pol := &q.p.policies[i]; pol.hdr != nil { // nil in dry-run mode
-				pol.hdr.Write(h, quota(pol, q.res[i]), now)
+				pol.hdr.write(h, quota(pol, q.res[i]), now)
 			}
 		}
 		if allowed && len(q.refund) > 0 {
@@ -513,11 +513,11 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		return
 	}
 	if pol := &q.p.policies[0]; len(q.p.policies) == 1 && pol.hdr != nil {
-		pol.hdr.WriteDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
+		pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
 	} else {
 		for i := range q.p.policies {
 			if pol := &q.p.policies[i]; pol.hdr != nil {
-				pol.hdr.Write(h, quota(pol, q.res[i]), now)
+				pol.hdr.write(h, quota(pol, q.res[i]), now)
 			}
 		}
 		headers.WriteRetryAfter(h, q.res[violated].RetryAfter)
@@ -594,7 +594,7 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 		pol.problem = problemDocument(name)
 	}
 	if c.profile != 0 && !c.dryRun {
-		pol.hdr = headers.NewCache(c.profile, name, limit.Burst, limit.Rate, limit.Period)
+		pol.hdr = newFieldCache(c.profile, name, limit)
 	}
 	if c.policy.kind == failLocal && l.local != nil {
 		// The same rate over n times the period: exactly 1/n of it.

@@ -1,0 +1,131 @@
+package middleware
+
+import (
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate-go/tollgate/headers"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// fieldCache writes one policy's rate-limit fields as headers.Write does.
+// Most responses of a policy report one of a few (remaining, reset) pairs
+// (a full bucket, an empty one, the first tokens of a burst), so it keeps,
+// for up to 256 recent pairs, the fields headers.Write gives the pair on an
+// empty header, and puts them in a response that holds none of them: no
+// formatting, no allocation (TestAllowedPathAllocatesNothing), where each
+// response formatting its own costs two allocations. The responses share
+// each field's one-element slice, capped so that an Add copies it; nothing
+// in this module writes into a field's slice, and a handler must not either
+// (Header.Set, Add and Del replace the slice, which is safe).
+type fieldCache struct {
+	profile headers.Profile
+	policy  headers.Quota // Name, Limit, Rate and Window: what the fields describe
+	slots   [256]atomic.Pointer[fieldSet]
+	retry   atomic.Pointer[retryValue] // the last Retry-After of 100 s or more
+}
+
+type retryValue struct {
+	secs int64
+	v    [1]string
+}
+
+// A fieldSet is the fields of one (remaining, reset) pair.
+type fieldSet struct {
+	remaining int
+	reset     int64 // seconds, as written
+	keys      []string
+	vals      []string // vals[i] is the value of keys[i]
+	floor     int64    // the least Retry-After these fields allow (an exhausted quota's t)
+}
+
+func newFieldCache(p headers.Profile, name string, l store.Limit) *fieldCache {
+	return &fieldCache{profile: p, policy: headers.Quota{Name: name, Limit: l.Burst, Rate: l.Rate, Window: l.Period}}
+}
+
+// write adds q's fields to h, as headers.Write does.
+func (c *fieldCache) write(h http.Header, q headers.Quota, now time.Time) {
+	fs := c.set(q)
+	if fs != nil {
+		for _, k := range fs.keys {
+			if len(h[k]) != 0 { // a field to merge with
+				fs = nil
+				break
+			}
+		}
+	}
+	c.put(h, fs, q, now)
+}
+
+// set returns the fields of q from the cache, or nil if they depend on more
+// than (remaining, reset).
+func (c *fieldCache) set(q headers.Quota) *fieldSet {
+	reset := headers.Seconds(q.Reset)
+	if c.profile&headers.XRateLimitEpoch != 0 || reset >= 1e9 || // Unix times, which depend on the clock
+		q.Limit != c.policy.Limit || q.Rate != c.policy.Rate || q.Window != c.policy.Window { // a FailLocal share
+		return nil
+	}
+	slot := &c.slots[uint64(q.Remaining*31+int(reset))%uint64(len(c.slots))]
+	fs := slot.Load()
+	if fs == nil || fs.remaining != q.Remaining || fs.reset != reset {
+		fs = newFieldSet(c.profile, q, reset)
+		slot.Store(fs) // two writers may both format; the last one stays
+	}
+	return fs
+}
+
+// put puts fs in h, which holds none of its fields, or writes q if fs is nil.
+func (c *fieldCache) put(h http.Header, fs *fieldSet, q headers.Quota, now time.Time) {
+	if fs == nil {
+		headers.Write(h, c.profile, q, now)
+		return
+	}
+	for i, k := range fs.keys {
+		h[k] = fs.vals[i : i+1 : i+1]
+	}
+}
+
+func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
+	h := make(http.Header)
+	headers.Write(h, p, q, time.Time{})
+	fs := &fieldSet{remaining: q.Remaining, reset: reset}
+	for k, v := range h {
+		fs.keys, fs.vals = append(fs.keys, k), append(fs.vals, v[0])
+	}
+	headers.WriteRetryAfter(h, 0) // reads only what Write wrote, no Unix time
+	fs.floor, _ = strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+	return fs
+}
+
+// writeDenied adds q's fields and the Retry-After of a refusal for
+// retryAfter to h, as headers.Write then headers.WriteRetryAfter would.
+func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
+	fs := c.set(q)
+	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds
+		c.put(h, nil, q, now)
+		headers.WriteRetryAfter(h, retryAfter)
+		return
+	}
+	c.put(h, fs, q, now)
+	secs := max(headers.Seconds(retryAfter), 1, fs.floor)
+	if secs < int64(len(retryValues)) {
+		h["Retry-After"] = retryValues[secs][:1:1]
+		return
+	}
+	e := c.retry.Load() // a long refusal counts down a second at a time
+	if e == nil || e.secs != secs {
+		e = &retryValue{secs, [1]string{strconv.FormatInt(secs, 10)}}
+		c.retry.Store(e)
+	}
+	h["Retry-After"] = e.v[:1:1]
+}
+
+// retryValues holds the values of Retry-After under 100 seconds.
+var retryValues = func() (v [100][1]string) {
+	for i := range v {
+		v[i][0] = strconv.Itoa(i)
+	}
+	return v
+}()
