@@ -67,20 +67,14 @@ type ipConfig struct {
 	maxSet     bool
 }
 
-// TrustProxies adds trusted proxy networks: forwarding headers are read
-// only from a request whose TCP peer (Request.RemoteAddr) is inside one of
-// them, and [FromXForwardedFor] and [FromForwarded] skip the addresses inside
-// them. Each argument is a network in CIDR notation ("10.0.0.0/8",
-// "2001:db8::/32") or a bare address, which is a /32 or /128 network.
-// Several calls add up. By default no network is trusted: every header is
-// ignored and the client is the TCP peer.
-//
-// IPv4 and IPv6 are distinct: "::/0" holds no IPv4 address. An IPv4-mapped
-// network ("::ffff:10.0.0.0/104") is read as the IPv4 one ("10.0.0.0/8"),
-// as addresses are. An argument that is neither a network nor an address,
-// or that carries an IPv6 zone, is an error of the constructor, wrapping
-// [ErrInvalidConfig] and naming the argument; so is a call without
-// arguments.
+// TrustProxies adds trusted proxy networks, in CIDR notation ("10.0.0.0/8")
+// or as bare addresses: forwarding headers are read only from a request whose
+// TCP peer is inside one, and [FromXForwardedFor] and [FromForwarded] skip
+// the addresses inside them. Calls add up; by default no network is trusted
+// and the client is the peer. IPv4 and IPv6 are distinct ("::/0" holds no
+// IPv4 address); an IPv4-mapped network is read as the IPv4 one. No
+// argument, or one that is not a network or carries a zone, is an error of
+// the constructor.
 func TrustProxies(cidrs ...string) IPOption {
 	cidrs = slices.Clone(cidrs) // the caller may reuse its slice
 	return IPOption{func(c *ipConfig) error {
@@ -122,56 +116,33 @@ func parseTrusted(s string) (netip.Prefix, bool) {
 	return p, true
 }
 
-// FromXForwardedFor makes X-Forwarded-For the source of the client address.
-// All its field lines are read as one comma-separated list, in order, and
-// walked from the right: each proxy appends the address it received the
-// request from, so the right end is written by the proxies closest to this
-// server and the left end by whoever sent the request first — possibly the
-// client, who can write anything there. Addresses inside the trusted
-// networks are skipped; the first address outside them is the client. When
-// every address is trusted, the client is the leftmost one (so a client
-// inside a trusted network can write its own key: trust only proxies).
-//
-// Empty elements and spaces or tabs around addresses are ignored. An element
-// that is not an address (see [ClientIP] for the forms) ends the walk: the
-// client is then the TCP peer; the walk never skips over such an element to
-// the addresses left of it. It needs [TrustProxies]; see [ClientIP].
+// FromXForwardedFor reads the client from X-Forwarded-For, all field lines
+// as one list, walked from the right end (written by the proxies nearest
+// this server; the left end is whatever the client sent): trusted addresses
+// are skipped and the first other one is the client, or the leftmost if all
+// are trusted. Empty elements and spaces around addresses are ignored; an
+// element that is not an address ends the walk with the peer. It needs
+// [TrustProxies].
 func FromXForwardedFor() IPOption {
 	return source(sourceXFF, "FromXForwardedFor", func(*resolver) error { return nil })
 }
 
-// FromForwarded makes the RFC 7239 Forwarded header the source of the client
-// address: the for= parameter of its elements, walked from the right like
-// [FromXForwardedFor] — field lines merged in order, trusted addresses
-// skipped, the first untrusted one is the client, or the leftmost when all
-// are trusted.
-//
-// Values may be quoted (for="[2001:db8::1]:4711"), IPv6 addresses are in
-// brackets, ports (also obfuscated ones, ":_port") are dropped, and
-// parameter names are case-insensitive; an unquoted IPv6 address or port is
-// accepted too. An element whose for= is "unknown" or an obfuscated
-// identifier ("_hidden"), that has no for= or two, or that does not parse,
-// ends the walk: the client is then the TCP peer. It needs [TrustProxies];
-// see [ClientIP].
+// FromForwarded reads the client from the for= parameters of the RFC 7239
+// Forwarded header, walked as [FromXForwardedFor] walks. Quoted values, IPv6
+// in brackets, ports (also obfuscated ":_p") and case-insensitive names are
+// read; an element whose for= is "unknown" or obfuscated, that has no for=
+// or two, or does not parse, ends the walk with the peer. It needs
+// [TrustProxies].
 func FromForwarded() IPOption {
 	return source(sourceForwarded, "FromForwarded", func(*resolver) error { return nil })
 }
 
-// FromHeader makes a header that holds one address the source of the client
-// address: one that the trusted proxy sets, overwriting whatever the client
-// sent, such as X-Real-IP (nginx), CF-Connecting-IP (Cloudflare),
-// True-Client-IP (Akamai, Cloudflare), or Fly-Client-IP (Fly.io). Use it
-// only when the proxy overwrites the header: one that passes the client's
-// value through lets the client choose its key.
-//
-// The last field line is read, so that a proxy that adds its line after the
-// client's rather than replacing it still wins. It must be one address, in
-// the forms of [ClientIP] (spaces or tabs around it are ignored); anything
-// else, such as a list, gives the TCP peer. The name is canonicalised. A
-// name that is not a valid header field name, or that names
-// X-Forwarded-For or Forwarded (use [FromXForwardedFor], [FromForwarded] or
-// [TrustedHops]), is an error of the constructor. It needs [TrustProxies];
-// see [ClientIP].
+// FromHeader reads the client from a header holding one address that the
+// trusted proxy overwrites, such as X-Real-IP (nginx), CF-Connecting-IP or
+// True-Client-IP; one that passes the client's value through lets the client
+// choose its key. The last field line is read; anything but one address gives
+// the peer. An invalid name, or X-Forwarded-For or Forwarded (which are
+// lists), is an error of the constructor. It needs [TrustProxies].
 func FromHeader(name string) IPOption {
 	return source(sourceHeader, fmt.Sprintf("FromHeader(%q)", name), func(res *resolver) error {
 		if !validHeaderName(name) {
@@ -186,25 +157,14 @@ func FromHeader(name string) IPOption {
 	})
 }
 
-// TrustedHops makes X-Forwarded-For the source of the client address, read
-// by position rather than by network: the client is the address n places
-// from the right end of the list (field lines merged in order, empty
-// elements ignored), counting the TCP peer as hop 0. Hop 1 is the rightmost
-// address, written by the proxy that connects to this server; with one
-// proxy in front, TrustedHops(1) is the client. With a CDN in front of a
-// load balancer (client → CDN → load balancer → server), the load balancer
-// is the peer, it appends the CDN's address (hop 1), the CDN appended the
-// client's (hop 2): TrustedHops(2).
-//
-// Use it when the proxies' addresses change too often to list; they must
-// each append exactly one address, or the count points at the wrong one.
-// The trusted networks only decide whether the peer is a proxy whose
-// headers are read: TrustProxies("0.0.0.0/0", "::/0") trusts any peer, for
-// a server that only the proxies can reach. With fewer than n addresses, or
-// an element that does not parse among the n, the client is the TCP peer.
-//
-// n must be at least 1 and at most the [MaxForwarded] cap; otherwise the
-// constructor returns an error. It needs [TrustProxies]; see [ClientIP].
+// TrustedHops reads the client from X-Forwarded-For by position: the address
+// n places from the right end, the peer being hop 0. With one proxy in front,
+// TrustedHops(1); with a CDN in front of a load balancer, TrustedHops(2).
+// For proxies whose addresses change too often to list; each must append
+// exactly one address. The trusted networks decide only whether the peer's
+// headers are read (TrustProxies("0.0.0.0/0", "::/0") for a server only
+// the proxies can reach). Fewer than n addresses, or one that does not parse,
+// gives the peer. n must be within [1, MaxForwarded]. It needs [TrustProxies].
 func TrustedHops(n int) IPOption {
 	return source(sourceHops, fmt.Sprintf("TrustedHops(%d)", n), func(res *resolver) error {
 		if n < 1 {
@@ -230,9 +190,8 @@ func source(kind sourceKind, name string, set func(*resolver) error) IPOption {
 }
 
 // IPv6Prefix sets the prefix length that groups IPv6 clients into one key:
-// 1 to 128, 64 by default. A client usually holds a whole /64 (or a /56 or
-// /48 from some providers) and can pick a fresh address in it for every
-// request. A length out of range is an error of the constructor.
+// 1 to 128, 64 by default (a client can pick a fresh address in its /64 for
+// every request; some providers hand out /56 or /48).
 func IPv6Prefix(bits int) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if bits < 1 || bits > 128 {
@@ -244,8 +203,7 @@ func IPv6Prefix(bits int) IPOption {
 }
 
 // IPv4Prefix sets the prefix length that groups IPv4 clients into one key:
-// 1 to 32, 32 (each address on its own) by default. A length out of range is
-// an error of the constructor.
+// 1 to 32, 32 by default.
 func IPv4Prefix(bits int) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if bits < 1 || bits > 32 {
@@ -257,15 +215,10 @@ func IPv4Prefix(bits int) IPOption {
 }
 
 // MaxForwarded caps the elements walked in X-Forwarded-For or Forwarded:
-// 1 to 256, [DefaultMaxForwarded] (20) by default. Empty elements do not
-// count. The walk stops at the first untrusted address, so the cap is
-// reached only by a chain of more than n trusted addresses, which no real
-// chain of proxies is; the client is then the TCP peer, never an address
-// further left. Whatever the cap, no more than the last 8 KiB of a header's
-// field lines are read; an address that would be cut there also gives the
-// peer. MaxForwarded needs [FromXForwardedFor], [FromForwarded] or
-// [TrustedHops]; with another source, or none, it is an error of the
-// constructor.
+// 1 to 256, [DefaultMaxForwarded] by default; a longer chain of trusted
+// addresses gives the peer, as does an address cut at the 8 KiB of a header
+// that are read at most. It needs a list source (FromXForwardedFor,
+// FromForwarded, TrustedHops).
 func MaxForwarded(n int) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if n < 1 || n > maxMaxForwarded {
@@ -304,44 +257,22 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 	return c, nil
 }
 
-// ClientIP returns a KeyFunc that keys a request by its client's address,
-// read from forwarding headers only when trusted proxies wrote them, in the
-// keys of [PeerIP]: "ip:192.0.2.1", "ip:2001:db8:1:2::/64" (see [IPv4Prefix]
-// and [IPv6Prefix] for the grouping).
+// ClientIP returns a KeyFunc that keys a request by its client's address, in
+// the keys of [PeerIP] ("ip:192.0.2.1", "ip:2001:db8:1:2::/64"). The client
+// is the TCP peer (no key if RemoteAddr does not parse: [ErrNoKey]), unless
+// the peer is inside a network of [TrustProxies]: then the one source
+// ([FromXForwardedFor], [FromForwarded], [FromHeader] or [TrustedHops])
+// names it, and a header that is missing, malformed or over-long gives the
+// peer again, never a shared key.
 //
-// The client is found in this order:
-//
-//  1. The TCP peer, Request.RemoteAddr, in the forms PeerIP reads. If it
-//     does not parse, the request has no key: an error wrapping [ErrNoKey].
-//  2. If the peer is outside every network of [TrustProxies] (by default,
-//     always), the peer is the client. Its headers are never read, so a
-//     client that connects directly cannot change its key with them.
-//  3. Otherwise the one configured source names the client:
-//     [FromXForwardedFor], [FromForwarded], [FromHeader] or [TrustedHops].
-//     A header that is missing, malformed, over-long, or names no usable
-//     address gives the peer again — never the leftmost value of a header,
-//     never an empty or shared key.
-//
-// Without a source the client is the peer, as with PeerIP (with the
-// prefix lengths of the options). Trust is opt-in: a source without
-// TrustProxies would never read its header — behind a load balancer every
-// client in the balancer's bucket — so it is an error that says to name the
-// balancer's networks. So are two sources, a malformed network, MaxForwarded
-// without a list source, and options out of range: errors wrapping
-// [ErrInvalidConfig] that name the option.
-//
-// Addresses in headers are read in the forms of RemoteAddr: "192.0.2.1",
-// "192.0.2.1:port", "2001:db8::1", "[2001:db8::1]:port", with an IPv6 zone
-// ("%eth0") dropped and an IPv4-mapped address (::ffff:192.0.2.1) read as
-// IPv4 before any network test or grouping. Ambiguous forms, such as IPv4
-// with leading zeros ("010.1.1.1", octal to some parsers) or with fewer than
-// four parts, are not addresses.
-//
-// If [ClientIPMiddleware], built with the same TrustProxies, source and
-// MaxForwarded, has already resolved the request, the KeyFunc uses the
-// address it stored rather than resolving again. The KeyFunc is safe for
-// concurrent use. It records the address it resolves in the request's
-// address slot, if any ([WithAddressSlot]).
+// A source without TrustProxies would never read its header (behind a load
+// balancer, one bucket for all), so it is an error saying what to add; so
+// are two sources and options out of range (errors wrap [ErrInvalidConfig]).
+// Addresses are read as RemoteAddr is ("192.0.2.1", "[2001:db8::1]:port"),
+// zones dropped and IPv4-mapped ones as IPv4; ambiguous forms ("010.1.1.1")
+// are not addresses. A request that [ClientIPMiddleware] resolved with the
+// same options is not resolved again. The address is recorded in the
+// request's address slot, if any ([WithAddressSlot]).
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {
@@ -363,16 +294,9 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 }
 
 // ClientIPMiddleware returns middleware that resolves each request's client
-// address as [ClientIP] does and stores it in the request's context, for
-// handlers to read with [ClientAddr] and for a ClientIP KeyFunc built with
-// the same options to reuse. The address is whole (not grouped: IPv4Prefix
-// and IPv6Prefix, accepted so that one list of options can serve both, do
-// not apply), without zone, and unmapped. Request.RemoteAddr and the headers
-// are left as they are. A request whose RemoteAddr does not parse goes on
-// without an address in its context.
-//
-// The options and their errors are those of ClientIP. The middleware is
-// safe for concurrent use.
+// address as [ClientIP] does, with its options, and stores it, whole, in the
+// request's context for [ClientAddr] and for a ClientIP of the same options.
+// RemoteAddr and the headers are left as they are.
 func ClientIPMiddleware(opts ...IPOption) (func(http.Handler) http.Handler, error) {
 	c, err := newIPConfig("ClientIPMiddleware", opts)
 	if err != nil {
@@ -400,9 +324,7 @@ type clientAddrValue struct {
 }
 
 // ClientAddr returns the client address that [ClientIPMiddleware] stored in
-// ctx: whole, without zone, IPv4-mapped addresses as IPv4. It returns false
-// when ctx holds none, such as outside that middleware or for a request
-// whose RemoteAddr did not parse.
+// ctx (whole, without zone, IPv4-mapped as IPv4), or false.
 func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 	v, ok := ctx.Value(clientAddrKey{}).(*clientAddrValue)
 	if !ok {
@@ -411,22 +333,15 @@ func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 	return v.addr, true
 }
 
-// ClientIPFromContext returns a KeyFunc that keys a request by the client
-// address that fn reads from its context, for apps that resolve it
-// upstream, such as with chi's middleware.ClientIPFromXFF and
-// middleware.GetClientIP (chi v5.3 and later):
+// ClientIPFromContext returns a KeyFunc that keys a request, as [ClientIP]
+// keys it, by the address fn reads from its context, for apps that resolve it
+// upstream, such as with chi's middleware.GetClientIP (chi v5.3 and later):
 //
 //	kf, err := keyfuncs.ClientIPFromContext(middleware.GetClientIP)
 //
-// The address is read in the forms of [ClientIP] (port, brackets and zone
-// dropped, IPv4-mapped addresses as IPv4) and keyed as ClientIP keys it.
-// Only [IPv4Prefix] and [IPv6Prefix] apply: other options are errors
-// wrapping [ErrInvalidConfig], because the trust decision is fn's. fn
-// returning "" or a string that is not an address is an error wrapping
-// [ErrNoKey], never a shared key. A nil fn is an error wrapping
-// ErrInvalidConfig. The KeyFunc is as safe for concurrent use as fn; it
-// records the address in the request's address slot, if any
-// ([WithAddressSlot]).
+// Only [IPv4Prefix] and [IPv6Prefix] apply: whom to trust is fn's decision.
+// fn returning "" or no address is an error wrapping [ErrNoKey]. The address
+// is recorded in the request's address slot, if any ([WithAddressSlot]).
 func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("ClientIPFromContext function is nil")
@@ -514,16 +429,15 @@ func (res *resolver) single(lines []string, peer netip.Addr) netip.Addr {
 	return peer
 }
 
-// walk returns the client address named by the forwarding header whose
-// field lines are lines, read from the right end (see FromXForwardedFor,
-// FromForwarded and TrustedHops), or peer when the header names none.
-//
-// It reads at most maxForwardedBytes from the right end of the lines, as a
-// window: an element that reaches the window's left edge may have been
-// cut (cutting "11.2.3.4" leaves "1.2.3.4"), so meeting one ends the walk
-// with the peer.
+// walk returns the client address that the forwarding header's field lines
+// name, read from the right end, or peer. It reads at most maxForwardedBytes
+// from the right: an element that reaches that window's edge may have been
+// cut ("11.2.3.4" leaves "1.2.3.4"), so it gives the peer.
 func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
-	forwarded := res.source == sourceForwarded
+	forwarded, parse := res.source == sourceForwarded, parseAddr
+	if forwarded {
+		parse = forwardedFor
+	}
 	budget := maxForwardedBytes
 	n := 0       // elements examined
 	last := peer // the last address examined: the client when all are trusted
@@ -535,15 +449,12 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 		}
 		budget -= len(line)
 		for {
-			var j int      // the comma before the last element, or -1
-			var plain bool // the element holds only digits, dots and OWS
+			j := strings.LastIndexByte(line, ',') // the comma before the last element, or -1
 			if forwarded {
 				var ok bool
 				if j, ok = lastElementComma(line); !ok {
 					return peer // an unterminated quoted string
 				}
-			} else {
-				j, plain = lastListComma(line)
 			}
 			if j < 0 && cut {
 				return peer
@@ -554,20 +465,7 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 				if n > res.max {
 					return peer
 				}
-				var addr netip.Addr
-				var ok bool
-				switch {
-				case forwarded:
-					addr, ok = forwardedFor(elem)
-				case plain:
-					// An IPv4 address, the commonest element, or garbage
-					// that netip refuses: nothing to split or cut.
-					var err error
-					addr, err = netip.ParseAddr(elem)
-					ok = err == nil
-				default:
-					addr, ok = parseAddr(elem)
-				}
+				addr, ok := parse(elem)
 				if !ok {
 					return peer
 				}
@@ -592,23 +490,6 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 	return last
 }
 
-// lastListComma returns the index of the last comma of s, or -1, and
-// whether the text after it holds only digits, dots, spaces and tabs: one
-// pass where strings.LastIndexByte, then a check of the element, would
-// take two.
-func lastListComma(s string) (j int, plain bool) {
-	plain = true
-	for i := len(s) - 1; i >= 0; i-- {
-		switch c := s[i]; {
-		case c == ',':
-			return i, plain
-		case (c < '0' || c > '9') && c != '.' && c != ' ' && c != '\t':
-			plain = false
-		}
-	}
-	return -1, plain
-}
-
 // trimOWS trims the spaces and tabs around s.
 func trimOWS(s string) string {
 	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
@@ -620,12 +501,10 @@ func trimOWS(s string) string {
 	return s
 }
 
-// lastElementComma returns the index of the last comma of a Forwarded field
-// line that is outside quoted strings, or -1, scanning from the right; ok is
-// false when a quoted string is left open. Inside a quoted string, a quote
-// after an odd run of backslashes is escaped. Scanning from the right keeps
-// the elements that trusted proxies appended intact whatever the client put
-// on the left, such as an unterminated quote.
+// lastElementComma returns the index of the last comma of a Forwarded line
+// outside quoted strings (a quote after an odd run of backslashes is
+// escaped), or -1, scanning from the right so that whatever the client put on
+// the left cannot hide the proxies' elements; ok is false for an open quote.
 func lastElementComma(s string) (j int, ok bool) {
 	quoted := false
 	for i := len(s) - 1; i >= 0; i-- {
@@ -651,11 +530,9 @@ func lastElementComma(s string) (j int, ok bool) {
 	return -1, !quoted
 }
 
-// forwardedFor returns the address in the for= parameter of one Forwarded
-// element (pairs "name=value" separated by ';', values tokens or quoted
-// strings). It fails for an element without for= or with two, one that
-// does not parse, and a for= node that is "unknown", obfuscated, or not an
-// address.
+// forwardedFor returns the address of one Forwarded element's for= parameter
+// (pairs "name=value" separated by ';', values tokens or quoted strings); it
+// fails without for= or with two, and for a node that is no address.
 func forwardedFor(elem string) (netip.Addr, bool) {
 	var node string
 	found := false
