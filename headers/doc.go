@@ -24,12 +24,8 @@
 // capacity [Quota.Limit], and t the seconds until the next token (0 when
 // the bucket is full).
 //
-// The name is written as an RFC 9651 String: '"' and '\' are escaped with a
-// backslash, and every byte outside printable ASCII (0x20 to 0x7E), which a
-// String cannot hold, is replaced by '?', so a name that is not ASCII, such
-// as "café", is written "caf??" (one '?' per byte) and the field always
-// parses. Two names that are the same after this replacement are the same
-// policy.
+// The name is an RFC 9651 String: '"' and '\' escaped, and each byte outside
+// printable ASCII written as '?' ("café" is "caf??"), so the field parses.
 //
 // [Draft03] writes the three single-value fields of
 // draft-ietf-httpapi-ratelimit-headers-03, which deployed clients read:
@@ -43,59 +39,35 @@
 // a Unix time in seconds (as GitHub does) or in delay-seconds. Only one of
 // them can be chosen; see [Profile.Validate]. [Default] is Draft11|Draft03.
 //
-// Header keys are stored in their canonical form, as [http.Header.Set]
-// stores them ("Ratelimit-Policy"); field names are case-insensitive on the
-// wire.
-//
 // # Merging
 //
-// In the List fields, each policy has one item. Writing a Quota replaces the
-// item that has its name, in place, and appends an item if there is none;
-// items of other names, including items that other code wrote with other
-// parameters, are kept as they were written. Field lines are combined as
-// RFC 9651 prescribes and written back as one line. The members are found
-// without a full RFC 9651 parser: a List is kept only if each member is an
-// Item as rate limiters write them (a String or Token, or an inner list of
-// bare items, with parameters whose values are Integers, Decimals, Strings,
-// Tokens, Byte Sequences or Booleans); any other List field, one that does
-// not parse among them, is replaced by the new item alone, so that every
-// field Write leaves parses (fuzzed with a full parser, which lives in the
-// tests).
+// In the List fields each policy has one item: writing a Quota replaces the
+// item of its name in place, or appends one; other items, also other code's,
+// are kept. A List is kept only if each member is an Item as rate limiters
+// write them (a String or Token, or an inner list of bare items, with
+// parameters that are Integers, Decimals, Strings, Tokens, Byte Sequences or
+// Booleans); any other is replaced by the new item alone, so every field
+// Write leaves parses (fuzzed with a full RFC 9651 parser, in the tests).
 //
-// The single-value fields can report one quota only, so they report the
-// tightest: the one with the fewest tokens remaining; on a tie, the one
-// with the later reset; on a tie again, the smaller limit. Write reads the
-// three values already in the header and writes its own only if they are
-// tighter, or if the fields are missing or are not plain non-negative
-// integers. Because this is a strict order, the result does not depend on
-// the order of the Writes. In epoch mode the resets compared are Unix times,
-// which order the same way. These fields carry no policy name, so
-// writing the same policy twice keeps the tighter of its two states there,
-// where the List fields keep the last.
-//
-// [WriteRetryAfter] reads what Write wrote: it sets Retry-After to the delay
-// it is given, but never earlier than the reset of a quota that is exhausted
-// (r=0 in the List, or Remaining 0 in the single-value fields).
+// The single-value fields report the tightest quota: the fewest tokens
+// remaining, then the later reset, then the smaller limit. Write replaces
+// them only with a tighter quota, or when they are missing or not plain
+// integers; a strict order, so the order of Writes does not matter.
+// [WriteRetryAfter] sets Retry-After to the delay it is given, never earlier
+// than the reset of an exhausted quota (r=0, or Remaining 0) in the header.
 //
 // # Rounding
 //
-// Durations are converted to seconds by [Seconds], which rounds up, so a
-// client that waits as long as it is told is never early: 1ns is 1 second,
-// 1s is 1, and 1s+1ns is 2. Zero and negative durations are 0. The window w
-// is at least 1, because the draft requires a non-zero window. Retry-After
-// is at least 1. The epoch reset is the first whole second at or after
-// now+Reset.
+// [Seconds] rounds durations up, so a client that waits as long as it is
+// told is never early: 1ns is 1 second, 1s+1ns is 2; zero and negative are 0.
+// The window w and Retry-After are at least 1; the epoch reset is the first
+// whole second at or after now+Reset. Counts below zero are 0, and integers
+// are capped at 999999999999999, the largest RFC 9651 Integer.
 //
-// Counts below zero are written as 0, and every integer is capped at
-// 999999999999999, the largest RFC 9651 Integer, so that each value parses.
-//
-// # Cost
-//
-// Write and WriteRetryAfter keep no state: they are safe for concurrent use
-// on different headers, and like [http.Header] itself not on the same one.
-// Write sets each field with [http.Header.Set], a slice of its own, and
-// formats every value: about ten allocations. The middleware calls it on
-// the first response of each (remaining, reset) pair and reuses its values.
+// Write and WriteRetryAfter keep no state and are safe for concurrent use on
+// different headers. Write sets each field with [http.Header.Set] and formats
+// every value; the middleware reuses the values of each (remaining, reset)
+// pair.
 //
 // # References
 //

@@ -45,55 +45,27 @@
 //
 // # Trust model
 //
-// Any client can send any header. X-Forwarded-For, Forwarded, X-Real-IP and
-// the like mean something only when a proxy of yours wrote them, and a
-// proxy writes only its own part: it appends the address it received the
-// request from to X-Forwarded-For (or Forwarded) after whatever the client
-// sent, or it overwrites a single-address header. So:
+// Any client can send any header. A forwarding header means something only
+// where a proxy of yours wrote it, and a proxy writes only its own part: it
+// appends to X-Forwarded-For (or Forwarded) after whatever the client sent,
+// or overwrites a single-address header. So [PeerIP] reads no header (behind
+// a load balancer it puts every client in one bucket), and [ClientIP] reads
+// one only from a TCP peer inside [TrustProxies] (none by default), walking
+// X-Forwarded-For and Forwarded from the right, the end your proxies wrote:
+// trusted addresses are skipped and the first other one is the client, never
+// one further left. Anything malformed, obfuscated or over-long gives the
+// peer, never an empty or shared key.
 //
-//   - [PeerIP] trusts only the TCP peer (Request.RemoteAddr) and reads no
-//     header. Behind a reverse proxy or load balancer every client reaches
-//     the server from the proxy's address, so PeerIP puts them all in one
-//     bucket.
-//   - [ClientIP] reads a forwarding header only when the TCP peer is inside
-//     a network given to [TrustProxies] — none by default. A client that
-//     connects directly, or through a proxy that is not listed, gets its
-//     own address, whatever headers it sends.
-//   - Through a trusted peer, X-Forwarded-For and Forwarded are walked from
-//     the right, the end that your proxies wrote: addresses of trusted
-//     proxies are skipped and the first untrusted address is the client,
-//     the one your outermost proxy saw. The walk never goes further left:
-//     everything there came from the client.
-//   - Anything malformed, unknown, obfuscated or over-long (beyond the last
-//     8 KiB of a header, or more than [MaxForwarded] elements) gives the TCP
-//     peer, never the next address to the left and never an empty or shared
-//     key.
+// The leftmost address, which many libraries return, is the one value the
+// client alone wrote. Reading it lets a client evade its limit (a random
+// address per request, a fresh bucket each time) or lock out a victim (its
+// requests charged to the victim's address). An IPv6 client can rotate
+// through the addresses of its /64 without any header, so IPv6 is grouped
+// by /64 ([IPv6Prefix]); IPv4-mapped addresses are read as IPv4 first.
 //
-// The leftmost address is what many libraries return as "the client", and
-// it is wrong: it is the one value in the header that the client alone
-// wrote. Reading it, or reading any header from an untrusted peer, lets a
-// client do two things that a per-IP limit exists to prevent:
-//
-//   - Evasion. A client that sends "X-Forwarded-For: <random address>"
-//     gets a fresh bucket with every request and is never limited. An IPv6
-//     client can do the same without any header by rotating through the
-//     2^64 addresses of its /64; ClientIP and PeerIP group IPv6 addresses
-//     by /64 ([IPv6Prefix] sets /56 or /48) so they share one key.
-//     IPv4-mapped addresses (::ffff:192.0.2.1, from dual-stack listeners or
-//     headers) are read as IPv4 before grouping, so they neither escape
-//     their IPv4 key nor fall into one /64 shared by every IPv4 client.
-//   - Lock-out. A client that sends a victim's address gets its requests
-//     charged to the victim's bucket: it exhausts the victim's quota and
-//     the victim is refused. With ClientIP the sender's own address, as
-//     your proxy appended it, is always the one keyed; the victim's
-//     address on the left is never read.
-//
-// Choose the networks of the proxies that connect to this server and of the
-// proxies in front of them (a CDN's published ranges, the load balancer's
-// subnet), and one source: the header your proxies write. Trust no
-// network that clients can send from. When the proxies' addresses cannot be
-// listed, [TrustedHops] counts them instead; when the client address is
-// resolved upstream (chi's middleware.ClientIPFrom*), [ClientIPFromContext]
-// keys by it. With [FromHeader], name only a header that your proxy
-// overwrites: one that it passes through is whatever the client chose.
+// Trust the networks of the proxies that connect to this server and of
+// those in front of them (a CDN's ranges, the load balancer's subnet), no
+// network that clients can send from, and choose one source: the header
+// your proxies write. [TrustedHops] counts proxies that cannot be listed;
+// [ClientIPFromContext] keys by an address resolved upstream.
 package keyfuncs
