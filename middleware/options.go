@@ -125,25 +125,17 @@ type config struct {
 }
 
 // WithName sets the limiter's name, which namespaces its buckets in the
-// store (the store key is "<name>:<subject>"; see the package doc) and
-// names its policy in the RateLimit headers. Limiters with the same name on
-// one store share their buckets: that is how the replicas of a limiter (the
-// same program on several servers) share one limit, and how one budget
-// spans several route groups. Name every limiter whose buckets are shared.
-//
-// The default is [DefaultName] of the limit, "@" and 8 hex digits naming the
-// place in the code that called [New] and how many limiters it made before,
-// such as "100-per-1m@9c1d02e7": two limiters of one process never share
-// buckets by default (a strict /login and a loose /api of the same limit),
-// and the replicas of a program share theirs as long as they make their
-// limiters in the same order from the same code. A deploy that moves the
-// call, or a limiter made again (a configuration reload), starts new
-// buckets; WithName keeps them.
-//
-// The name must be non-empty printable ASCII without '{', '}' or ':',
-// which would let its keys collide with another limiter's or pin them to
-// one Redis Cluster slot. Two limiters with the same name on one route
-// report one header item.
+// store ("<name>:<subject>") and names its policy in the RateLimit headers.
+// Limiters of one name on one store share their buckets: so the replicas of
+// a program share one limit, and one budget can span route groups. Name
+// every limiter whose buckets are shared. The default, such as
+// "100-per-1m@9c1d02e7", is [DefaultName] of the limit and a hash of the
+// place in the code that called [New] and of how many limiters it made
+// before: no two limiters of a process share buckets by default, and the
+// replicas of a program share theirs while they make their limiters in the
+// same order from the same code (a moved call or a reload starts new
+// buckets; WithName keeps them). The name is non-empty printable ASCII
+// without '{', '}' or ':', which could make keys collide or pin a slot.
 func WithName(name string) Option {
 	return func(c *config) error {
 		if name == "" {
@@ -163,10 +155,10 @@ func WithName(name string) Option {
 }
 
 // WithKeyFunc sets how a request's subject is found. The default is
-// [keyfuncs.PeerIP]: the TCP peer's address, port stripped, IPv6 grouped by
-// /64 (built in place, with no allocation for the subject). Behind a proxy, use a resolver that trusts it, or an API-key or user
-// key. A KeyFunc error never falls back to a shared bucket: the request is
-// refused (see [WithKeyErrorHandler]).
+// [keyfuncs.PeerIP], the TCP peer's address (IPv6 by /64), built with no
+// allocation. Behind a proxy, use [keyfuncs.ClientIP] with its networks, or
+// an API-key or user key. A KeyFunc error never falls back to a shared
+// bucket: the request is refused ([WithKeyErrorHandler]).
 func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -177,11 +169,9 @@ func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 	}
 }
 
-// WithCost sets the tokens a request costs (default 1), for example by route
-// or body size. A cost of 0 only reads the bucket. A cost below 0 or above
-// the limit's Burst can never be allowed: such a request is answered by the
-// key-error handler (400 by default), never with a 429 that would invite a
-// retry.
+// WithCost sets the tokens a request costs (default 1); 0 only reads the
+// bucket. A cost below 0 or above Burst can never be allowed: the key-error
+// handler answers it (400 by default), never a 429 inviting a retry.
 func WithCost(fn func(r *http.Request) int) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -193,9 +183,8 @@ func WithCost(fn func(r *http.Request) int) Option {
 }
 
 // WithTimeout sets the budget for one store decision (default
-// [DefaultTimeout]). No request waits on the store longer than d; past it
-// the failure policy decides. It must be positive. The Memory store never
-// waits, so the budget does not apply to it.
+// [DefaultTimeout]), positive: past it the failure policy decides. The
+// Memory store never waits, so it does not apply there.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -223,15 +212,13 @@ func WithFailurePolicy(p FailurePolicy) Option {
 }
 
 // WithBreaker configures the circuit breaker in front of the store (default
-// [DefaultBreakerFailures] consecutive failures, [DefaultBreakerCooldown]).
-// After `failures` consecutive store errors or timeouts it opens: decisions
-// take the failure policy at once, without calling the store, so a dead
-// Redis costs no waiting per request. After `cooldown` one decision probes
-// the store; its success closes the breaker. A probe that fails, panics,
-// whose client goes away, or that has not come back within a cooldown
-// counts as a failure: the breaker always probes again. failures 0 disables the
-// breaker. Transitions go to the [Observer] ([WithObserver]), or without one
-// to [slog.Default]. The breaker does not apply to a Memory store.
+// [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0 disables
+// it). After failures consecutive errors or timeouts it opens: the failure
+// policy decides at once, so a dead Redis costs no waiting per request.
+// After cooldown one decision probes the store and its success closes it; a
+// probe that fails, panics, is abandoned or does not return within a
+// cooldown counts as a failure, so the breaker always probes again.
+// Transitions go to the [Observer], or to [slog.Default] without one.
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return func(c *config) error {
 		if failures < 0 {
@@ -247,17 +234,14 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 
 // WithDelay lets a request that would be refused wait for its tokens, as
 // nginx's limit_req does with a burst and no nodelay: if they will be there
-// within max, they are taken now, in the same store call (its place in line
-// is kept), and the request is served when they are due; one that would
-// wait longer is refused at once. Waiting requests are thus spaced at the
-// rate. A client that goes away while it waits gets its tokens given back.
-// The default, 0, refuses at once.
-//
-// A waiting request holds its goroutine (and its connection): at most
-// max × Rate / Period of them per key. A store failure never makes a
-// request wait (the failure policy decides at once); in dry-run mode the
-// wait is reported (Event.Delay), not applied. The store must be a
-// [store.Delayer] and a [store.Refunder], as both of tollgate's are.
+// within max, they are taken now in the same store call and the request is
+// served when they are due, so waiting requests are spaced at the rate; one
+// that would wait longer is refused at once (the default, 0, refuses all).
+// A client that leaves while it waits gets its tokens back. A waiting
+// request holds its goroutine: at most max × Rate / Period per key. A store
+// failure never makes a request wait; in dry-run mode the wait is reported
+// (Event.Delay), not applied. The store must be a [store.Delayer] and a
+// [store.Refunder], as both of tollgate's are.
 func WithDelay(max time.Duration) Option {
 	return func(c *config) error {
 		if max < 0 {
@@ -269,42 +253,19 @@ func WithDelay(max time.Duration) Option {
 }
 
 // WithDenyCache makes the limiter remember the store's denials of up to
-// maxKeys keys, so that under a flood from one client most refusals are
-// answered without asking the store. 0, the default, turns it off; a
-// negative maxKeys is an error.
-//
-// When the store denies a request of cost c on a key, the limiter records
-// when the store said c tokens would be there again (Retry-After). Until
-// then, a request on that key of cost c or more under the same limit is
-// refused locally: a 429 like the store's, with the same events and denied
-// handler, and headers computed from the store's answer (RateLimit r and t
-// as the store would say them, Retry-After at least 1). That is sound because
-// tokens only return with time: the store would refuse such a request too,
-// and requests from other servers only make its bucket emptier. A cheaper
-// request (cost below c, or 0, which only reads) still goes to the store and
-// may pass. When the time has come, one request (the probe) goes to the
-// store; while it is out, the others of cost c or more are still refused,
-// until the next c tokens are due, since the probe takes the ones that came
-// back (should the probe be denied after all, they might have passed: the
-// one case where the cache refuses what the store would allow). A probe
-// that is denied renews the entry; one that is allowed, or that the store
-// fails to answer, removes it.
-//
-// The cache runs on this process's monotonic clock, read when the store's
-// answer arrives, so a local refusal can outlast the store's (Redis's clock)
-// by up to one round trip, never end earlier. It is per process: each
-// server learns the denials it was given. Memory is bounded by maxKeys
-// entries (about 150 bytes each, whatever the key: it keeps a 128-bit hash
-// of it): entries past their time are dropped when met and when room is
-// needed, and otherwise the one that expires first. No goroutine is started. Locally refused requests are
-// counted in [Stats].DenyCacheHits.
-//
+// maxKeys keys (0, the default: off), so that a flood from one client is
+// refused mostly without asking the store. A key the store denied at cost c
+// is refused locally, for cost c or more under the same limit, until the
+// store's Retry-After: sound, because tokens only return with time. Then one
+// request probes the store (the others are still refused until the next c
+// tokens are due); a denied probe renews the entry. The cache runs on this
+// process's clock, read when the store's answer arrives, so a local refusal
+// can outlast the store's by a round trip, never end earlier. Each entry
+// keeps a 128-bit hash of its key, about 150 bytes; past maxKeys the one
+// that expires first goes. Local refusals count in [Stats].DenyCacheHits.
 // It is off by default because it answers from a copy of the store's
-// state: code that resets buckets in the store or moves its clock (tests on
-// miniredis, an operator deleting a key to let a client back in) would
-// still see refusals here until the recorded time. In dry-run mode
-// ([WithDryRun]) the cache is not used, so that it cannot change what is
-// reported.
+// state: a bucket reset in the store stays refused here until the recorded
+// time (see [Limiter.Forget]). Dry-run mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return func(c *config) error {
 		if maxKeys < 0 {
@@ -315,11 +276,10 @@ func WithDenyCache(maxKeys int) Option {
 	}
 }
 
-// WithDeniedHandler sets what answers a request over the limit. It is
-// called with the rate-limit headers, Retry-After and Cache-Control:
-// no-store already set, and must write the status (normally 429) and body.
-// The default writes 429 with a short text body, or a problem document with
-// [WithProblemDetails].
+// WithDeniedHandler sets what answers a request over the limit, called with
+// the rate-limit headers, Retry-After and Cache-Control: no-store set; it
+// writes the status (normally 429) and body. The default writes 429 with a
+// short text, or a problem document ([WithProblemDetails]).
 func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store.Result)) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -330,11 +290,10 @@ func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store
 	}
 }
 
-// WithKeyErrorHandler sets what answers a request the limiter cannot rate:
-// its KeyFunc failed, or its cost is outside [0, Burst]. The default
-// answers 400 Bad Request with a short text body (never the error's text),
-// or 500 when the error wraps [keyfuncs.ErrInvalidConfig].
-// The request is never counted against a shared bucket.
+// WithKeyErrorHandler sets what answers a request the limiter cannot rate
+// (a KeyFunc error, or a cost outside [0, Burst]), never counted against a
+// shared bucket. The default answers 400 with a short text (never the
+// error's), or 500 when the error wraps [keyfuncs.ErrInvalidConfig].
 func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return func(c *config) error {
 		if fn == nil {
@@ -393,11 +352,10 @@ func WithProblemDetails() Option {
 	}
 }
 
-// WithObserver sends the limiter's events — allowed, denied, error,
-// fallback, breaker and skipped — to o, with the limiter's name, the class
-// of the key (never the key itself), the cost and the time the decision
-// took. See [SlogObserver] for log/slog; package promobserver (a module of
-// its own) exports them to Prometheus.
+// WithObserver sends the limiter's events (allowed, denied, error, fallback,
+// breaker, skipped, abandoned) to o, with the limiter's name, the class of
+// the key (never the key), the cost and the latency. See [SlogObserver];
+// the promobserver and otelobserver modules export them as metrics.
 func WithObserver(o Observer) Option {
 	return func(c *config) error {
 		if o == nil {
@@ -409,16 +367,11 @@ func WithObserver(o Observer) Option {
 }
 
 // WithRefund gives a request's tokens back after its response when
-// rule(r, status) is true, status being the code the handler wrote (200 if
-// it wrote none). Refund on 5xx (the client should not pay for the
-// server's failure), or count only failed logins: charge every attempt,
-// refund those that succeed, so that a client is refused after 5 failures
-// whatever its successes. Tokens come back only up to the bucket's
-// capacity. A refund is one more store call, made after the handler
-// returned, under the limiter's timeout; a failed refund is reported
-// through the observer (EventError) and otherwise ignored (the
-// tokens stay taken: the limit errs on the strict side). The store must
-// implement [store.Refunder], as [store.Memory] and [store.Redis] do.
+// rule(r, status) is true (status 200 if the handler wrote none): refund
+// 5xx, or charge every login and refund the successful ones so that 5
+// failures lock a client out. Tokens come back up to capacity, in one more
+// store call under the timeout; a failed refund is reported (EventError)
+// and the tokens stay taken. The store must be a [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return func(c *config) error {
 		if rule == nil {
@@ -429,23 +382,14 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	}
 }
 
-// WithAllowList lets requests through without asking the store: each entry
-// is either an IP address or a CIDR prefix ("10.0.0.0/8", "2001:db8::1"),
-// matched against the client's address, or a key, matched exactly against
-// the subject the key function returns ("user:admin", "key:…").
-// Allow-listed requests get no rate-limit headers and are reported as
-// skipped.
-//
-// The client's address is the one [keyfuncs.ClientIPMiddleware] resolved;
-// else the one the key function resolved through the trusted proxies
-// ([keyfuncs.ClientIP] or [keyfuncs.ClientIPFromContext], alone, in
-// [keyfuncs.Join] or in a function of your own: they record it in the
-// request's [keyfuncs.WithAddressSlot]); else the TCP peer. The address is
-// matched whole, however the key groups it. Behind a load balancer, key by
-// ClientIP or run ClientIPMiddleware: with any other key function an entry
-// is matched against the balancer's address. An allow-listed client needs
-// no key; when the key function does not read the peer, it runs first (the
-// request is copied to carry the slot).
+// WithAllowList lets requests through unlimited, without headers and
+// reported as skipped, when the client's address is in an entry's network
+// ("10.0.0.0/8", "2001:db8::1") or the subject equals an entry that is a key
+// ("user:admin"). The address is the one [keyfuncs.ClientIPMiddleware]
+// resolved, else the one the key function resolved through trusted proxies
+// (ClientIP and ClientIPFromContext record it, also inside [keyfuncs.Join]
+// or a function of your own), else the TCP peer: behind a load balancer,
+// key by ClientIP or run ClientIPMiddleware, or entries match the balancer.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -497,21 +441,6 @@ func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 	}
 	return p.Masked(), true, nil
 }
-
-// The allow-list's networks are matched against the client's address,
-// taken from the first of these that has one:
-//
-//  1. the address keyfuncs.ClientIPMiddleware resolved (allowedResolved,
-//     before the key is built);
-//  2. the address the key function resolved through the trusted proxies,
-//     recorded in the request's address slot (keyfuncs.WithAddressSlot) by
-//     ClientIP or ClientIPFromContext, alone, in a Join or in a function of
-//     the app's own — never a subject that merely looks like "ip:…", which
-//     a client may have written;
-//  3. the TCP peer, RemoteAddr.
-//
-// So an entry behind a load balancer matches the client that ClientIP
-// finds, not the balancer, which would let every client through.
 
 // allowedResolved reports whether r carries a client address that
 // keyfuncs.ClientIPMiddleware resolved (known), and whether it is
