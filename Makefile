@@ -6,6 +6,11 @@ BENCHSTAT   := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4d
 PKGS        := ./...
 BENCHCOUNT  ?= 6
 BENCHTIME   ?= 1s
+# The core is built and tested as a user gets it, alone; promobserver and
+# otelobserver through go.work, which puts this tree in place of the core
+# version they require until it is tagged.
+export GOWORK := off
+WORK        := GOWORK=$(CURDIR)/go.work
 
 .PHONY: test test-unit redis fmt vet lint race allocs submodules bench benchstat fuzz test-faults
 
@@ -21,7 +26,7 @@ test: redis fmt vet lint race allocs submodules
 ## skip (on miniredis the unit tests still cover the Redis store).
 test-unit: fmt vet lint allocs
 	TOLLGATE_UNIT=1 $(GO) test -race -count=1 -timeout 10m $(PKGS)
-	cd promobserver && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd promobserver && $(WORK) $(GO) vet ./... && $(WORK) $(GO) test -race -count=1 ./...
 
 redis:
 	@if [ -z "$$REDIS_ADDR" ] && ! { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1; then \
@@ -30,8 +35,8 @@ redis:
 	fi
 
 submodules:
-	cd promobserver && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...
-	cd otelobserver && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...
+	cd promobserver && $(WORK) $(GO) vet ./... && $(WORK) $(GO) run $(STATICCHECK) ./... && $(WORK) $(GO) test -race -count=1 ./...
+	cd otelobserver && $(WORK) $(GO) vet ./... && $(WORK) $(GO) run $(STATICCHECK) ./... && $(WORK) $(GO) test -race -count=1 ./...
 	cd bench && $(GO) vet ./...
 
 fmt:
@@ -52,7 +57,7 @@ race:
 ALLOCTESTS := Alloc|TestAppendPeerIP
 allocs:
 	$(GO) test -count=1 -run '$(ALLOCTESTS)' ./middleware ./headers ./keyfuncs ./store
-	cd promobserver && $(GO) test -count=1 -run '$(ALLOCTESTS)' ./...
+	cd promobserver && $(WORK) $(GO) test -count=1 -run '$(ALLOCTESTS)' ./...
 
 ## bench: the benchmarks, BENCHCOUNT runs each, into bench.out (benchstat-ready).
 bench:

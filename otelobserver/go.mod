@@ -2,11 +2,9 @@ module github.com/tollgate-go/tollgate/otelobserver
 
 go 1.24.0
 
-// otelobserver requires the core at its own version: the two are tagged
-// together (v0.1.0 and otelobserver/v0.1.0). The replace serves builds in
-// this repository; modules that depend on otelobserver ignore it and get
-// that version of the core.
-replace github.com/tollgate-go/tollgate => ../
+// otelobserver requires the core at the version it is tagged with (v0.1.0
+// and otelobserver/v0.1.0 are tagged together, the core first). In this
+// repository, go.work puts the tree in place of that version.
 
 require (
 	github.com/tollgate-go/tollgate v0.1.0

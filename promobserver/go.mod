@@ -2,11 +2,9 @@ module github.com/tollgate-go/tollgate/promobserver
 
 go 1.23.0
 
-// promobserver requires the core at its own version: the two are tagged
-// together (v0.1.0 and promobserver/v0.1.0). The replace serves builds in
-// this repository; modules that depend on promobserver ignore it and get
-// that version of the core.
-replace github.com/tollgate-go/tollgate => ../
+// promobserver requires the core at the version it is tagged with (v0.1.0
+// and promobserver/v0.1.0 are tagged together, the core first). In this
+// repository, go.work puts the tree in place of that version.
 
 require (
 	github.com/prometheus/client_golang v1.23.2
