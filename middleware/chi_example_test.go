@@ -17,16 +17,16 @@ func handleLogin(w http.ResponseWriter, r *http.Request) {}
 func listItems(w http.ResponseWriter, r *http.Request)   {}
 
 // The README's quickstart: two route groups of a chi router, each behind
-// its own limiter, sharing one Redis. (Compiled, not run: it needs a Redis.)
+// its own limiter, sharing one Redis. (Compiled, not run: it needs a Redis;
+// TestReadmeQuickstart keeps the README's copy the same.)
 func ExampleNew_chi() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true,
 		DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond,
 		WriteTimeout: 100 * time.Millisecond, PoolTimeout: 100 * time.Millisecond})
 	st := store.NewRedis(rdb)
 
-	// The client behind your load balancer (here: proxies in 10.0.0.0/8),
-	// not the balancer: keyfuncs.PeerIP, the default, would put every
-	// client in the balancer's bucket.
+	// The client behind your load balancer (here: proxies in 10.0.0.0/8), not the balancer:
+	// keyfuncs.PeerIP, the default, would put every client in the balancer's bucket.
 	client, err := keyfuncs.ClientIP(keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.FromXForwardedFor())
 	if err != nil {
 		log.Fatal(err)
