@@ -214,18 +214,6 @@ func checkTrio(t *testing.T, h http.Header, keys *trioKeys, written bool, want [
 	}
 }
 
-func equalHeader(a, b http.Header) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || !slices.Equal(v, w) {
-			return false
-		}
-	}
-	return true
-}
-
 // FuzzMerge writes a quota into a header whose RateLimit fields other code
 // wrote (anything at all): what Write leaves there always parses, holds
 // one item of the quota's name, and keeps every other member of a List it
