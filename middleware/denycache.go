@@ -160,7 +160,7 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 // what the store would answer, as far as e knows.
 func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
 	if cost > e.cost { // the extra tokens take longer to come
-		retryAt += tokenTime(e.limit, cost-e.cost)
+		retryAt += tokenTime(e.limit, cost-e.cost, false)
 	}
 	resetAfter := max(resetAt-now, 0)
 	return store.Result{
@@ -194,25 +194,18 @@ func tokensAt(lim store.Limit, resetAfter time.Duration) int {
 	return lim.Burst - int(missing)
 }
 
-// tokenTime returns the time in which lim refills cost tokens, rounded
+// tokenTime returns the time in which lim refills cost tokens, rounded up or
 // down (the probe rule must not refuse past it).
-func tokenTime(lim store.Limit, cost int) time.Duration {
+func tokenTime(lim store.Limit, cost int, up bool) time.Duration {
 	hi, lo := bits.Mul64(uint64(cost), uint64(lim.Period))
-	if hi >= uint64(lim.Rate) {
-		return 0 // cannot happen for a valid limit; refuse nothing extra
-	}
-	q, _ := bits.Div64(hi, lo, uint64(lim.Rate))
-	return time.Duration(q)
-}
-
-// tokenTimeUp is tokenTime rounded up.
-func tokenTimeUp(lim store.Limit, cost int) time.Duration {
-	hi, lo := bits.Mul64(uint64(cost), uint64(lim.Period))
-	if hi >= uint64(lim.Rate) {
-		return 1<<63 - 1
+	if hi >= uint64(lim.Rate) { // cannot happen for a valid limit: refuse nothing extra
+		if up {
+			return 1<<63 - 1
+		}
+		return 0
 	}
 	q, r := bits.Div64(hi, lo, uint64(lim.Rate))
-	if r > 0 {
+	if up && r > 0 {
 		q++
 	}
 	return time.Duration(q)
@@ -225,7 +218,7 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 		return // nothing to refuse locally
 	}
 	now := d.now()
-	window := tokenTime(lim, cost)
+	window := tokenTime(lim, cost, false)
 	sh, h := d.shard(key)
 	k := d.id(h, key)
 	sh.mu.Lock()
@@ -253,23 +246,16 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 // probed reports that the probe of the entry gen of key was not denied:
 // allowed, or the store failed. The entry is dropped unless it has been
 // recorded again since.
-func (d *denyCache) probed(key []byte, gen uint64) {
-	sh, h := d.shard(key)
-	k := d.id(h, key)
-	sh.mu.Lock()
-	if e := sh.m[k]; e != nil && e.gen == gen {
-		delete(sh.m, k)
-		sh.n.Add(-1)
-	}
-	sh.mu.Unlock()
-}
+func (d *denyCache) probed(key []byte, gen uint64) { d.drop(key, gen, false) }
 
 // forget drops the entry of key, if any.
-func (d *denyCache) forget(key []byte) {
+func (d *denyCache) forget(key []byte) { d.drop(key, 0, true) }
+
+func (d *denyCache) drop(key []byte, gen uint64, anyGen bool) {
 	sh, h := d.shard(key)
 	k := d.id(h, key)
 	sh.mu.Lock()
-	if _, ok := sh.m[k]; ok {
+	if e := sh.m[k]; e != nil && (anyGen || e.gen == gen) {
 		delete(sh.m, k)
 		sh.n.Add(-1)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"net/http"
 	"strings"
 	"sync"
@@ -300,7 +299,7 @@ func (l *Limiter) recordDenial(key []byte, lim store.Limit, cost int, verdict de
 		// bucket holds cost again, at ResetAfter - (Burst-cost)*T, which
 		// the answer gives exactly (less a microsecond for its rounding).
 		// Keep refusing locally until then.
-		wait := res[0].ResetAfter - tokenTimeUp(lim, lim.Burst-cost) - time.Microsecond - l.cfg.delay
+		wait := res[0].ResetAfter - tokenTime(lim, lim.Burst-cost, true) - time.Microsecond - l.cfg.delay
 		if wait > 0 {
 			l.deny.denied(key, lim, cost, store.Result{RetryAfter: wait, ResetAfter: res[0].ResetAfter})
 		} else {
@@ -422,7 +421,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
 	l.giveBack(r, q, q.storeKeys())
 	for i, res := range q.res {
-		res.ResetAfter -= tokenTime(res.Limit, q.cost) // the bucket without them
+		res.ResetAfter -= tokenTime(res.Limit, q.cost, false) // the bucket without them
 		res = aged(res, 0)
 		res.Allowed, res.RetryAfter, res.Delay = false, max(d, time.Microsecond), 0
 		q.res[i] = res
@@ -442,18 +441,8 @@ func (q *request) storeKeys() []string {
 // aged returns res as it stands d later if nothing else takes from its
 // bucket: the headers of a request that waited d describe the state after it.
 func aged(res store.Result, d time.Duration) store.Result {
-	lim := res.Limit
 	res.ResetAfter = max(res.ResetAfter-d, 0)
-	// Whole tokens missing: ResetAfter × Rate / Period, rounded up.
-	missing := lim.Burst
-	if hi, lo := bits.Mul64(uint64(res.ResetAfter), uint64(lim.Rate)); hi < uint64(lim.Period) {
-		n, rem := bits.Div64(hi, lo, uint64(lim.Period))
-		if rem > 0 {
-			n++
-		}
-		missing = int(min(n, uint64(lim.Burst)))
-	}
-	res.Remaining = lim.Burst - missing
+	res.Remaining = tokensAt(res.Limit, res.ResetAfter)
 	return res
 }
 
