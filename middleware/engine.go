@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -494,12 +495,15 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 				pol.hdr.write(h, quota(pol, q.res[i]), now)
 			}
 		}
-		if allowed && len(q.refund) > 0 {
-			l.serveRefunding(w, r, next, q)
+		if allowed && (len(q.refund) > 0 || c.penalty != nil && c.penalty.Failed != nil) {
+			l.serveWatched(w, r, next, q)
 			return
 		}
 		next.ServeHTTP(w, r)
 		return
+	}
+	if c.penalty != nil && !l.blocked(q) {
+		l.strike(r, q)
 	}
 	if pol := &q.p.policies[0]; len(q.p.policies) == 1 && pol.hdr != nil {
 		pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
@@ -531,13 +535,73 @@ func quota(pol *policy, res store.Result) headers.Quota {
 	}
 }
 
-// serveRefunding serves the request, then gives its cost back to every
-// policy's bucket if the refund rule says so.
-func (l *Limiter) serveRefunding(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
+// serveWatched serves the request, then gives its cost back to every
+// policy's bucket if the refund rule says so, and counts a strike if the
+// penalty's Failed does.
+func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
-	if l.cfg.refund(r, sw.code()) {
+	if len(q.refund) > 0 && l.cfg.refund(r, sw.code()) {
 		l.giveBack(r, q, q.refund)
+	}
+	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && p.Failed(r, sw.code()) {
+		l.strike(r, q)
+	}
+}
+
+// blocked reports whether q's refusal comes from a block.
+func (l *Limiter) blocked(q *request) bool {
+	return slices.ContainsFunc(q.res, l.inBlock)
+}
+
+// inBlock reports whether res waits longer than refilling a whole bucket
+// (and the WithDelay queue), which no take can make it do: a block.
+func (l *Limiter) inBlock(res store.Result) bool {
+	return res.RetryAfter > tokenTime(res.Limit, res.Limit.Burst, true)+l.cfg.delay
+}
+
+// strike counts a strike against q's subject, in the bucket "}<store key of
+// its first policy>" ('}' begins no limiter's key); the one that spends the
+// last of them blocks every policy's bucket not blocked yet (by a request
+// that struck concurrently), forgives the strikes, and turns q's results
+// into what the store now says. Each step runs under the budget, even after
+// the client has gone.
+func (l *Limiter) strike(r *http.Request, q *request) {
+	p := l.cfg.penalty
+	keys := q.storeKeys()
+	ctx := context.WithoutCancel(r.Context())
+	res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
+		res, err := l.store.Take(ctx, "}"+keys[0], p.strikes(), 1)
+		return []store.Result{res}, err
+	})
+	if err == nil && (!res[0].Allowed || res[0].Remaining > 0) {
+		return // strikes left, or none: another request spent the last one
+	}
+	if err == nil {
+		_, err = l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
+			for i, key := range keys {
+				pol := &q.p.policies[i]
+				res, err := store.Inspect(ctx, l.store, key, pol.limit, q.cost)
+				if err == nil && !l.inBlock(res) {
+					if err = l.admin.Block(ctx, key, pol.limit, p.Block); err == nil {
+						res, err = store.Inspect(ctx, l.store, key, pol.limit, q.cost)
+					}
+				}
+				if err != nil {
+					return nil, err
+				}
+				q.res[i] = res
+			}
+			return nil, l.admin.Reset(ctx, "}"+keys[0])
+		})
+	}
+	if err != nil {
+		l.observe(r, l.cfg.name, Event{Kind: EventError, Key: q.subjects[0], Cost: q.cost,
+			Err: fmt.Errorf("middleware: %s: penalty: %w", l.cfg.name, err)})
+		return
+	}
+	if l.deny != nil {
+		l.deny.denied(q.keyOf(0), q.p.policies[0].limit, q.cost, q.res[0])
 	}
 }
 
@@ -570,6 +634,11 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
 	if err := limit.ValidateDelay(l.cfg.delay); err != nil {
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
+	}
+	if p := l.cfg.penalty; p != nil {
+		if err := limit.ValidateBlock(p.Block); err != nil {
+			return policy{}, fmt.Errorf("middleware: WithPenalty: %w", err)
+		}
 	}
 	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":", tagged: tagged}
 	if tagged {

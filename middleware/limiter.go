@@ -35,8 +35,9 @@ type Limiter struct {
 	site  string           // where New was called; see defaultName
 	bound bool             // apply cfg.timeout to store calls
 	mem   *store.Memory    // the store, if a Memory: decided on the key's bytes
-	// delayer is the store, with WithDelay.
+	// delayer is the store, with WithDelay; admin, with WithPenalty.
 	delayer store.Delayer
+	admin   store.Admin
 	plans   map[string]*plan // by tier, for a Multi
 	def     *plan            // the plan of a Limiter, and of a Multi's unknown tiers
 	of      func(*http.Request) string
@@ -117,6 +118,11 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	if l.cfg.refund != nil {
 		if _, ok := s.(store.Refunder); !ok {
 			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
+		}
+	}
+	if l.cfg.penalty != nil {
+		if l.admin, _ = s.(store.Admin); l.admin == nil {
+			return nil, fmt.Errorf("middleware: WithPenalty: %T cannot block a key (store.Admin)", s)
 		}
 	}
 	if l.cfg.delay > 0 {

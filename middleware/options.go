@@ -120,6 +120,7 @@ type config struct {
 	delay           time.Duration
 	observer        Observer
 	refund          func(*http.Request, int) bool
+	penalty         *Penalty
 	allowNets       []netip.Prefix
 	allowKeys       map[string]bool
 }
@@ -380,6 +381,45 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 		c.refund = rule
 		return nil
 	}
+}
+
+// Penalty is a penalty box ([WithPenalty]).
+type Penalty struct {
+	Strikes int           // the strikes that block a key, at least 1
+	Within  time.Duration // they count in a bucket of Strikes refilled over Within
+	Block   time.Duration // how long a blocked key is refused
+	// Failed, if set, makes a served request a strike too when it reports
+	// true for the request and the status its handler wrote, such as a
+	// failed login (401).
+	Failed func(r *http.Request, status int) bool
+}
+
+// WithPenalty puts a key in a penalty box: once Strikes of its requests,
+// within about Within, were refused (429) or, with Failed, failed, its
+// buckets refuse every request for Block and then refill at the rate. The
+// block is the buckets' own state (store.Admin.Block), so the one store call
+// of every decision, on every server, checks it; the 429's Retry-After is the
+// time left, and the keys' TTL ends it. A refusal during a block is no
+// strike. Strikes count in a bucket of their own beside the key's (Strikes
+// per Within, burst Strikes), one store call per strike; a store failure
+// loses the strike. Dry-run mode counts none. The store must be a
+// [store.Admin], as both of tollgate's are.
+func WithPenalty(p Penalty) Option {
+	return func(c *config) error {
+		if p.Strikes < 1 || p.Within <= 0 || p.Block <= 0 {
+			return fmt.Errorf("WithPenalty: %d strikes within %v, blocked %v: all must be positive", p.Strikes, p.Within, p.Block)
+		}
+		if err := p.strikes().Validate(); err != nil {
+			return fmt.Errorf("WithPenalty: %w", err)
+		}
+		c.penalty = &p
+		return nil
+	}
+}
+
+// strikes is the Limit of a key's strikes.
+func (p *Penalty) strikes() store.Limit {
+	return store.Limit{Rate: p.Strikes, Period: p.Within, Burst: p.Strikes}
 }
 
 // WithAllowList lets requests through unlimited, without headers and

@@ -50,10 +50,21 @@ func (l Limit) ValidateDelay(maxDelay time.Duration) error {
 	return err
 }
 
+// ValidateBlock reports whether an [Admin] can block l's bucket for d: d
+// positive, and the bucket with it within 2^50 units. The error wraps
+// [ErrInvalidLimit].
+func (l Limit) ValidateBlock(d time.Duration) error {
+	p, err := newParams(l)
+	if err == nil {
+		_, err = p.blocking(d)
+	}
+	return err
+}
+
 // Admin is what an operator needs of a store beyond Take, whose cost of 0
 // reads a bucket (see [Inspect]); both of tollgate's stores implement it.
-// The middleware does not use it: an admin handler of the app's does, behind
-// the app's own authentication.
+// The middleware uses it for a penalty box (middleware.WithPenalty); an admin
+// handler of the app's, behind the app's own authentication, for the rest.
 type Admin interface {
 	// Reset forgets the bucket named key, under every limit: it is full.
 	Reset(ctx context.Context, key string) error
