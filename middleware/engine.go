@@ -51,6 +51,7 @@ type request struct {
 	refund   []string // the store keys, kept past the request, for WithRefund
 	latency  time.Duration
 	local    bool // decided in process (deny cache, FailLocal)
+	failed   bool // the store failed: the failure policy decided
 }
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
@@ -61,7 +62,7 @@ const maxPooledKey = 1024
 
 func newRequest(p *plan) *request {
 	q := requests.Get().(*request)
-	q.p, q.cost, q.latency, q.local = p, 1, 0, false
+	q.p, q.cost, q.latency, q.local, q.failed = p, 1, 0, false, false
 	q.key, q.ends, q.subjects, q.res, q.refund = q.key[:0], q.ends[:0], q.subjects[:0], q.res[:0], q.refund[:0]
 	return q
 }
@@ -195,7 +196,7 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 		l.refuseFailed(w)
 		return false
 	case c.policy.kind == failLocal && l.local != nil:
-		q.local, q.refund = true, nil // nothing to give back to the store
+		q.local, q.failed, q.refund = true, true, nil // nothing to give back to the store
 		if l.takeLocal(r.Context(), q, false) == nil {
 			return true
 		}
@@ -502,7 +503,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		next.ServeHTTP(w, r)
 		return
 	}
-	if c.penalty != nil && !l.blocked(q) {
+	if c.penalty != nil && !q.failed && !l.blocked(q) { // no strikes on a store that failed
 		l.strike(r, q)
 	}
 	if pol := &q.p.policies[0]; len(q.p.policies) == 1 && pol.hdr != nil {
@@ -544,7 +545,7 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	if len(q.refund) > 0 && l.cfg.refund(r, sw.code()) {
 		l.giveBack(r, q, q.refund)
 	}
-	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && p.Failed(r, sw.code()) {
+	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, sw.code()) {
 		l.strike(r, q)
 	}
 }

@@ -402,7 +402,8 @@ type Penalty struct {
 // time left, and the keys' TTL ends it. A refusal during a block is no
 // strike. Strikes count in a bucket of their own beside the key's (Strikes
 // per Within, burst Strikes), one store call per strike; a store failure
-// loses the strike. Dry-run mode counts none. The store must be a
+// loses the strike, and requests the failure policy decided count none, nor
+// does dry-run mode. The store must be a
 // [store.Admin], as both of tollgate's are.
 func WithPenalty(p Penalty) Option {
 	return func(c *config) error {
