@@ -465,6 +465,9 @@ func (l *Limiter) observe(r *http.Request, name string, e Event) {
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	c := &l.cfg
 	allowed := allAllowed(q.res)
+	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && !l.blocked(q) { // no strikes on a store that failed
+		l.strike(r, q) // first: a block it lands is what the events and headers report
+	}
 	violated := 0
 	var delay time.Duration
 	for i := range q.res {
@@ -502,9 +505,6 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		}
 		next.ServeHTTP(w, r)
 		return
-	}
-	if c.penalty != nil && !q.failed && !l.blocked(q) { // no strikes on a store that failed
-		l.strike(r, q)
 	}
 	if pol := &q.p.policies[0]; len(q.p.policies) == 1 && pol.hdr != nil {
 		pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
@@ -545,7 +545,7 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	if len(q.refund) > 0 && l.cfg.refund(r, sw.code()) {
 		l.giveBack(r, q, q.refund)
 	}
-	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, sw.code()) {
+	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && !l.blocked(q) && p.Failed(r, sw.code()) {
 		l.strike(r, q)
 	}
 }
@@ -555,10 +555,11 @@ func (l *Limiter) blocked(q *request) bool {
 	return slices.ContainsFunc(q.res, l.inBlock)
 }
 
-// inBlock reports whether res waits longer than refilling a whole bucket
-// (and the WithDelay queue), which no take can make it do: a block.
+// inBlock reports whether res's bucket is further from full than a whole
+// bucket and the WithDelay queue (and the µs the store rounds up), where
+// no take can put it: a block, until its last Burst tokens refill.
 func (l *Limiter) inBlock(res store.Result) bool {
-	return res.RetryAfter > tokenTime(res.Limit, res.Limit.Burst, true)+l.cfg.delay
+	return res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
 // strike counts a strike against q's subject, in the bucket "}<store key of
@@ -597,8 +598,11 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 		})
 	}
 	if err != nil {
-		l.observe(r, l.cfg.name, Event{Kind: EventError, Key: q.subjects[0], Cost: q.cost,
-			Err: fmt.Errorf("middleware: %s: penalty: %w", l.cfg.name, err)})
+		if !errors.Is(err, ErrBreakerOpen) { // reported when it opened
+			l.storeErrors.Add(1)
+			l.observe(r, q.p.policies[0].event, Event{Kind: EventError, Key: q.subjects[0], Cost: q.cost,
+				Err: fmt.Errorf("middleware: %s: penalty: %w", l.cfg.name, err)})
+		}
 		return
 	}
 	if l.deny != nil {

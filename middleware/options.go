@@ -396,11 +396,12 @@ type Penalty struct {
 
 // WithPenalty puts a key in a penalty box: once Strikes of its requests,
 // within about Within, were refused (429) or, with Failed, failed, its
-// buckets refuse every request for Block and then refill at the rate. The
-// block is the buckets' own state (store.Admin.Block), so the one store call
-// of every decision, on every server, checks it; the 429's Retry-After is the
-// time left, and the keys' TTL ends it. A refusal during a block is no
-// strike. Strikes count in a bucket of their own beside the key's (Strikes
+// buckets refuse every request that costs tokens for Block, on top of their
+// debt, and then refill at the rate. The block is the buckets' own state
+// (store.Admin.Block), so the one store call of every decision, on every
+// server, checks it; the 429's Retry-After is the time left, and the keys'
+// TTL ends it. Nothing during a block is a strike, and of two requests that
+// spend the last strike at once the second finds the buckets blocked. Strikes count in a bucket of their own beside the key's (Strikes
 // per Within, burst Strikes), one store call per strike; a store failure
 // loses the strike, and requests the failure policy decided count none, nor
 // does dry-run mode. The store must be a

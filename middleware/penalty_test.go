@@ -292,3 +292,75 @@ func TestPenaltyUnderFlood(t *testing.T) {
 		t.Errorf("%d served, want at most 9", n)
 	}
 }
+
+// A block shorter than a bucket's refill is a block too: refusals during it,
+// and failing requests of cost 0, which a block lets through, do not strike.
+func TestPenaltyShortBlockNotExtended(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	m := store.NewMemory(store.WithClock(func() time.Time { return now }), store.WithSweepInterval(0))
+	lim := store.Limit{Rate: 100, Period: time.Minute, Burst: 100}
+	var cost int
+	h := mustNew(t, m, lim, middleware.WithName("short"), quiet,
+		middleware.WithCost(func(*http.Request) int { return cost }),
+		middleware.WithPenalty(middleware.Penalty{Strikes: 2, Within: time.Minute, Block: 30 * time.Second,
+			Failed: func(r *http.Request, status int) bool { return status == http.StatusUnauthorized }})).
+		Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusUnauthorized) }))
+	serve := func(c int) int {
+		cost = c
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+		return w.Code
+	}
+	inspect := func() time.Duration {
+		res, err := store.Inspect(context.Background(), m, "short:ip:192.0.2.1", lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.ResetAfter
+	}
+	serve(100) // a 401: the first strike, and the bucket is empty
+	if code := serve(1); code != http.StatusTooManyRequests {
+		t.Fatalf("the second request: %d, want 429", code)
+	}
+	blocked := inspect() // the strike that blocked: a minute of debt, plus cap and block
+	if blocked < 2*time.Minute+30*time.Second {
+		t.Fatalf("blocked: ResetAfter %v, want at least 2m30s", blocked)
+	}
+	now = now.Add(40 * time.Second) // the block is over, the bucket not yet refilled
+	for range 3 {
+		serve(1)
+		serve(0) // allowed through the block: a 401 of cost 0
+	}
+	if got := inspect(); got != blocked-40*time.Second {
+		t.Errorf("40 s later, after refusals and failures: ResetAfter %v, want %v (not blocked again)", got, blocked-40*time.Second)
+	}
+}
+
+// The 429 that lands a Multi's block reports the block: its Retry-After is
+// the longest wait once every policy is blocked, not the wait before.
+func TestPenaltyMultiReportsTheBlock(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	m := store.NewMemory(store.WithClock(func() time.Time { return now }), store.WithSweepInterval(0))
+	var got store.Result
+	l, err := middleware.NewMulti(m, []middleware.Policy{
+		{Name: "fast", Limit: store.Limit{Rate: 10, Period: time.Second, Burst: 1}},
+		{Name: "slow", Limit: store.Limit{Rate: 1, Period: time.Hour, Burst: 5}},
+	}, middleware.WithName("mb"), quiet, middleware.WithHeaders(0),
+		middleware.WithDeniedHandler(func(w http.ResponseWriter, r *http.Request, res store.Result) {
+			got = res
+			w.WriteHeader(http.StatusTooManyRequests)
+		}),
+		middleware.WithPenalty(middleware.Penalty{Strikes: 1, Within: time.Minute, Block: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := l.Handler(okHandler)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) // refused by fast: the strike that blocks
+	// slow: an hour of debt, plus its cap (5 h) and the minute; a token more, less the cap.
+	want := 2*time.Hour + time.Minute
+	if ra, _ := strconv.Atoi(w.Header().Get("Retry-After")); w.Code != http.StatusTooManyRequests || ra < int(want.Seconds()) || got.RetryAfter < want {
+		t.Fatalf("the blocking 429: %d, Retry-After %ds, denied handler's result %+v; want the block of slow, %v", w.Code, ra, got, want)
+	}
+}

@@ -68,9 +68,9 @@ func (l Limit) ValidateBlock(d time.Duration) error {
 type Admin interface {
 	// Reset forgets the bucket named key, under every limit: it is full.
 	Reset(ctx context.Context, key string) error
-	// Block makes key's bucket under limit refuse every Take for d (longer
-	// if it was in debt already), then refill at the rate; Reset ends it
-	// (but not a denial a limiter's deny cache holds: see
+	// Block makes key's bucket under limit refuse every Take of a cost
+	// above 0 for d on top of its debt, then refill at the rate; Reset ends
+	// it (but not a denial a limiter's deny cache holds: see
 	// middleware.Limiter.Forget). A Block that the bucket cannot hold on top
 	// of its debt is an error and writes nothing.
 	Block(ctx context.Context, key string, limit Limit, d time.Duration) error
