@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -465,7 +466,7 @@ func (l *Limiter) observe(r *http.Request, name string, e Event) {
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	c := &l.cfg
 	allowed := allAllowed(q.res)
-	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && !l.blocked(q) { // no strikes on a store that failed
+	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && q.refusedOwn() && !l.blocked(q) { // no strikes on a store that failed
 		l.strike(r, q) // first: a block it lands is what the events and headers report
 	}
 	violated := 0
@@ -550,6 +551,31 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	}
 }
 
+// own reports whether policy i keys by the subject of the first, whose
+// strikes and block are the penalty's: a Multi's global or per-route
+// policy is nobody's to block.
+func (q *request) own(i int) bool {
+	if i == 0 {
+		return true
+	}
+	subject := func(i int) []byte { // a Multi's keys: "<prefix>{<subject>}"
+		k := q.keyOf(i)
+		return k[len(q.p.policies[i].prefix) : len(k)-1]
+	}
+	return bytes.Equal(subject(i), subject(0))
+}
+
+// refusedOwn reports whether one of the subject's own policies refused q (a
+// refusal by a global limit is no fault of the client's).
+func (q *request) refusedOwn() bool {
+	for i := range q.res {
+		if q.own(i) && q.res[i].RetryAfter > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // blocked reports whether q's refusal comes from a block.
 func (l *Limiter) blocked(q *request) bool {
 	return slices.ContainsFunc(q.res, l.inBlock)
@@ -564,10 +590,10 @@ func (l *Limiter) inBlock(res store.Result) bool {
 
 // strike counts a strike against q's subject, in the bucket "}<store key of
 // its first policy>" ('}' begins no limiter's key); the one that spends the
-// last of them blocks every policy's bucket not blocked yet (by a request
-// that struck concurrently), forgives the strikes, and turns q's results
-// into what the store now says. Each step runs under the budget, even after
-// the client has gone.
+// last of them blocks the subject's own buckets not blocked yet (by a
+// request that struck concurrently), forgives the strikes, and turns their
+// results into what the store now says. Each step runs under the budget,
+// even after the client has gone.
 func (l *Limiter) strike(r *http.Request, q *request) {
 	p := l.cfg.penalty
 	keys := q.storeKeys()
@@ -582,6 +608,9 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 	if err == nil {
 		_, err = l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
 			for i, key := range keys {
+				if !q.own(i) {
+					continue
+				}
 				pol := &q.p.policies[i]
 				res, err := store.Inspect(ctx, l.store, key, pol.limit, q.cost)
 				if err == nil && !l.inBlock(res) {

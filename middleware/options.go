@@ -397,7 +397,9 @@ type Penalty struct {
 // WithPenalty puts a key in a penalty box: once Strikes of its requests,
 // within about Within, were refused (429) or, with Failed, failed, its
 // buckets refuse every request that costs tokens for Block, on top of their
-// debt, and then refill at the rate. The block is the buckets' own state
+// debt, and then refill at the rate. On a [Multi] the key is the first
+// policy's subject: policies of other subjects (a global limit) are neither
+// blocked nor a source of strikes. The block is the buckets' own state
 // (store.Admin.Block), so the one store call of every decision, on every
 // server, checks it; the 429's Retry-After is the time left, and the keys'
 // TTL ends it. Nothing during a block is a strike, and of two requests that

@@ -364,3 +364,47 @@ func TestPenaltyMultiReportsTheBlock(t *testing.T) {
 		t.Fatalf("the blocking 429: %d, Retry-After %ds, denied handler's result %+v; want the block of slow, %v", w.Code, ra, got, want)
 	}
 }
+
+// On a Multi with a global policy, a client's penalty blocks its own
+// buckets and never the global one, and a refusal by the global limit is
+// no strike against the client; on a Cluster the buckets are in two slots.
+func TestPenaltyLeavesGlobalPolicies(t *testing.T) {
+	multiStores(t, func(t *testing.T, s store.Store) {
+		l, err := middleware.NewMulti(s, []middleware.Policy{
+			{Name: "user", Limit: store.Limit{Rate: 1, Period: time.Minute, Burst: 1}},
+			{Name: "all", Limit: store.Limit{Rate: 3, Period: time.Hour, Burst: 3}, Key: mustKey(keyfuncs.Static("all"))},
+		}, middleware.WithName("global"), quiet, middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-User"))),
+			middleware.WithPenalty(middleware.Penalty{Strikes: 2, Within: time.Minute, Block: 10 * time.Minute}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := l.Handler(okHandler)
+		get := func(user string) (int, int) {
+			w := serveUser(h, user)
+			ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+			return w.Code, ra
+		}
+		if code, _ := get("mallory"); code != 200 {
+			t.Fatalf("mallory's first request: %d", code)
+		}
+		get("mallory")
+		if code, ra := get("mallory"); code != 429 || ra < 600 { // the second strike
+			t.Fatalf("mallory's third request: %d, Retry-After %d; want 429, blocked 10 minutes", code, ra)
+		}
+		if code, _ := get("alice"); code != 200 {
+			t.Fatalf("alice after mallory's block: %d, want 200 (the global bucket is not blocked)", code)
+		}
+		if code, _ := get("bob"); code != 200 {
+			t.Fatalf("bob: %d, want 200", code)
+		}
+		for range 3 { // the global limit (3 an hour) is spent: carol is refused, but not her fault
+			if code, _ := get("carol"); code != 429 {
+				t.Fatalf("carol under the spent global limit: %d, want 429", code)
+			}
+		}
+		carol, err := store.Inspect(context.Background(), s, "user:{"+mustSubject(t, "carol")+"}", store.Limit{Rate: 1, Period: time.Minute, Burst: 1}, 1)
+		if err != nil || !carol.Allowed || carol.ResetAfter != 0 {
+			t.Errorf("carol's own bucket after 3 refusals by the global limit: %+v, %v; want full, not blocked", carol, err)
+		}
+	})
+}
