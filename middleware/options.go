@@ -398,8 +398,8 @@ type Penalty struct {
 // within about Within, were refused (429) or, with Failed, failed, its
 // buckets refuse every request that costs tokens for Block, on top of their
 // debt, and then refill at the rate. On a [Multi] the key is the first
-// policy's subject: policies of other subjects (a global limit) are neither
-// blocked nor a source of strikes. The block is the buckets' own state
+// policy's subject, so put a per-client policy first: policies of other
+// subjects (a global limit) are neither blocked nor a source of strikes. The block is the buckets' own state
 // (store.Admin.Block), so the one store call of every decision, on every
 // server, checks it; the 429's Retry-After is the time left, and the keys'
 // TTL ends it. Nothing during a block is a strike, and of two requests that
