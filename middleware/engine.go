@@ -53,6 +53,7 @@ type request struct {
 	latency  time.Duration
 	local    bool // decided in process (deny cache, FailLocal)
 	failed   bool // the store failed: the failure policy decided
+	late     bool // admitted to wait, refused for the server's deadline
 }
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
@@ -63,7 +64,7 @@ const maxPooledKey = 1024
 
 func newRequest(p *plan) *request {
 	q := requests.Get().(*request)
-	q.p, q.cost, q.latency, q.local, q.failed = p, 1, 0, false, false
+	q.p, q.cost, q.latency, q.local, q.failed, q.late = p, 1, 0, false, false, false
 	q.key, q.ends, q.subjects, q.res, q.refund = q.key[:0], q.ends[:0], q.subjects[:0], q.res[:0], q.refund[:0]
 	return q
 }
@@ -430,6 +431,7 @@ func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
 		q.res[i] = res
 	}
 	q.refund = q.refund[:0] // nothing more to give back
+	q.late = true
 }
 
 // storeKeys returns the policies' store keys as strings, in q.refund.
@@ -466,7 +468,7 @@ func (l *Limiter) observe(r *http.Request, name string, e Event) {
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	c := &l.cfg
 	allowed := allAllowed(q.res)
-	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && q.refusedOwn() && !l.blocked(q) { // no strikes on a store that failed
+	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && !q.late && q.refusedOwn() && !l.blocked(q) { // not the client's doing
 		l.strike(r, q) // first: a block it lands is what the events and headers report
 	}
 	violated := 0
@@ -543,12 +545,27 @@ func quota(pol *policy, res store.Result) headers.Quota {
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
-	if len(q.refund) > 0 && l.cfg.refund(r, sw.code()) {
+	refund := len(q.refund) > 0 && l.cfg.refund(r, sw.code())
+	p := l.cfg.penalty
+	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, sw.code())
+	if p != nil && (refund || strike) && l.blockedNow(r, q) {
+		return // blocked while it was served: no tokens back into the block, no strike
+	}
+	if refund {
 		l.giveBack(r, q, q.refund)
 	}
-	if p := l.cfg.penalty; p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && !l.blocked(q) && p.Failed(r, sw.code()) {
+	if strike {
 		l.strike(r, q)
 	}
+}
+
+// blockedNow reads the bucket of q's first policy and reports whether it is
+// in a block (a read that fails says no).
+func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
+	defer cancel()
+	res, err := store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
+	return err == nil && l.inBlock(res)
 }
 
 // own reports whether policy i keys by the subject of the first, whose
@@ -614,13 +631,18 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 				pol := &q.p.policies[i]
 				res, err := store.Inspect(ctx, l.store, key, pol.limit, q.cost)
 				if err == nil && !l.inBlock(res) {
-					if err = l.admin.Block(ctx, key, pol.limit, p.Block); err == nil {
+					// WithDelay queues a request its wait ahead: block that much longer.
+					if err = l.admin.Block(ctx, key, pol.limit, p.Block+l.cfg.delay); err == nil {
 						res, err = store.Inspect(ctx, l.store, key, pol.limit, q.cost)
+					}
+					if l.local != nil { // FailLocal's share, should the store fail during the block
+						l.local.Block(ctx, key, pol.local, p.Block+l.cfg.delay)
 					}
 				}
 				if err != nil {
 					return nil, err
 				}
+				res.RetryAfter = max(res.RetryAfter-l.cfg.delay, time.Microsecond) // queued from then on
 				q.res[i] = res
 			}
 			return nil, l.admin.Reset(ctx, "}"+keys[0])
@@ -670,7 +692,8 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
 	}
 	if p := l.cfg.penalty; p != nil {
-		if err := limit.ValidateBlock(p.Block); err != nil {
+		// A strike finds up to a whole bucket and the queue in debt.
+		if err := limit.ValidateBlock(p.Block + 2*l.cfg.delay + tokenTime(limit, limit.Burst, true)); err != nil {
 			return policy{}, fmt.Errorf("middleware: WithPenalty: %w", err)
 		}
 	}

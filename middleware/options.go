@@ -402,8 +402,12 @@ type Penalty struct {
 // subjects (a global limit) are neither blocked nor a source of strikes. The block is the buckets' own state
 // (store.Admin.Block), so the one store call of every decision, on every
 // server, checks it; the 429's Retry-After is the time left, and the keys'
-// TTL ends it. Nothing during a block is a strike, and of two requests that
-// spend the last strike at once the second finds the buckets blocked. Strikes count in a bucket of their own beside the key's (Strikes
+// TTL ends it; FailLocal's local share is blocked too, and with WithDelay
+// the block is MaxDelay longer, so that nothing is queued into it. Nothing
+// during a block is a strike, a request that ends in it gets no refund, and
+// of two requests that spend the last strike at once the second finds the
+// buckets blocked. With refunds or Failed, a request that ends reads its
+// bucket first: one more store call. Strikes count in a bucket of their own beside the key's (Strikes
 // per Within, burst Strikes), one store call per strike; a store failure
 // loses the strike, and requests the failure policy decided count none, nor
 // does dry-run mode. The store must be a
