@@ -152,11 +152,33 @@ func TestDelayStaysWithinLimit(t *testing.T) {
 	})
 }
 
+// queued counts the Takes a store queued (Delay > 0) once their answer is
+// back, so that a test cancels waiters only once they wait: a client that
+// leaves while its Take is in flight leaves its tokens taken (the store may
+// or may not have taken them; refunding would risk giving back more).
+type queued struct {
+	store.Store
+	n atomic.Int64
+}
+
+func (q *queued) TakeDelayed(ctx context.Context, key string, limit store.Limit, cost int, maxDelay time.Duration) (store.Result, error) {
+	res, err := q.Store.(store.Delayer).TakeDelayed(ctx, key, limit, cost, maxDelay)
+	if err == nil && res.Delay > 0 {
+		q.n.Add(1)
+	}
+	return res, err
+}
+
+func (q *queued) Refund(ctx context.Context, key string, limit store.Limit, tokens int) (store.Result, error) {
+	return q.Store.(store.Refunder).Refund(ctx, key, limit, tokens)
+}
+
 // 100 clients that give up while they wait get their tokens back, and
 // their goroutines end at once.
 func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 	leaktest.Check(t)
-	delayStores(t, func(t *testing.T, s store.Store) {
+	delayStores(t, func(t *testing.T, inner store.Store) {
+		s := &queued{Store: inner}
 		lim := store.Limit{Rate: 1, Period: time.Second, Burst: 1} // each waiter takes 1 s of debt
 		var abandoned atomic.Int64
 		obs := on(middleware.EventAbandoned, func(e middleware.Event) {
@@ -185,21 +207,16 @@ func TestDelayCancelledWaitersGiveBack(t *testing.T) {
 				codes.Store(i, w.Code)
 			}()
 		}
-		// Every one has taken its token once the bucket is full 101 s after
-		// the first Take: each took 1 s more (the first's 1 s, then 100).
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			r, err := s.Take(context.Background(), "cancel:one", lim, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.ResetAfter+time.Since(firstAt) > 100500*time.Millisecond {
-				break
-			}
+		// Every one has its answer: queued, each 1 s more (the first's 1 s,
+		// then 100); then a moment for the last to reach its wait.
+		for deadline := time.Now().Add(30 * time.Second); s.n.Load() < 100; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("the waiters never queued: %+v", r)
+				t.Fatalf("only %d of the waiters were queued", s.n.Load())
 			}
-			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if r, err := s.Take(context.Background(), "cancel:one", lim, 0); err != nil || r.ResetAfter+time.Since(firstAt) < 100500*time.Millisecond {
+			t.Fatalf("the bucket after 100 waiters queued: %+v, %v; want 101 s of debt", r, err)
 		}
 		cancelled := time.Now()
 		cancel()
