@@ -549,7 +549,18 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	p := l.cfg.penalty
 	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, sw.code())
 	if p != nil && (refund || strike) && l.blockedNow(r, q) {
-		return // blocked while it was served: no tokens back into the block, no strike
+		// Blocked while it was served: no tokens back into the block, and
+		// no strike; other subjects' policies (a global one) get theirs.
+		if refund {
+			keys := slices.Clone(q.refund)
+			for i := range keys {
+				if q.own(i) {
+					keys[i] = ""
+				}
+			}
+			l.giveBack(r, q, keys)
+		}
+		return
 	}
 	if refund {
 		l.giveBack(r, q, q.refund)
@@ -560,8 +571,11 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 }
 
 // blockedNow reads the bucket of q's first policy and reports whether it is
-// in a block (a read that fails says no).
+// in a block (a read that fails, or an open breaker, says no).
 func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
+	if l.BreakerState() == BreakerOpen {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	res, err := store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
@@ -633,16 +647,18 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 				if err == nil && !l.inBlock(res) {
 					// WithDelay queues a request its wait ahead: block that much longer.
 					if err = l.admin.Block(ctx, key, pol.limit, p.Block+l.cfg.delay); err == nil {
+						if l.local != nil { // this server's FailLocal share, should the store fail in the block
+							l.local.Block(ctx, key, pol.local, p.Block+l.cfg.delay)
+						}
 						res, err = store.Inspect(ctx, l.store, key, pol.limit, q.cost)
-					}
-					if l.local != nil { // FailLocal's share, should the store fail during the block
-						l.local.Block(ctx, key, pol.local, p.Block+l.cfg.delay)
 					}
 				}
 				if err != nil {
 					return nil, err
 				}
-				res.RetryAfter = max(res.RetryAfter-l.cfg.delay, time.Microsecond) // queued from then on
+				if !res.Allowed { // queued from then on
+					res.RetryAfter = max(res.RetryAfter-l.cfg.delay, time.Microsecond)
+				}
 				q.res[i] = res
 			}
 			return nil, l.admin.Reset(ctx, "}"+keys[0])
@@ -662,7 +678,7 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 }
 
 // giveBack gives q's cost back to every policy's bucket, keys[i] that of
-// policy i, within the budget even if the client has gone.
+// policy i ("": not that one), within the budget even if the client has gone.
 func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	if l.BreakerState() == BreakerOpen {
 		l.refundFailed(r, q.cost, ErrBreakerOpen) // no waiting on a store known to fail
@@ -672,6 +688,9 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	for i, key := range keys {
+		if key == "" { // not to be given back
+			continue
+		}
 		if l.local != nil && !q.local { // the mirror took them too
 			l.local.Refund(ctx, key, q.p.policies[i].local, q.cost)
 		}

@@ -402,7 +402,8 @@ type Penalty struct {
 // subjects (a global limit) are neither blocked nor a source of strikes. The block is the buckets' own state
 // (store.Admin.Block), so the one store call of every decision, on every
 // server, checks it; the 429's Retry-After is the time left, and the keys'
-// TTL ends it; FailLocal's local share is blocked too, and with WithDelay
+// TTL ends it; the FailLocal share of the server that lands it is blocked
+// too (Limiter.Forget does not end that one), and with WithDelay
 // the block is MaxDelay longer, so that nothing is queued into it. Nothing
 // during a block is a strike, a request that ends in it gets no refund, and
 // of two requests that spend the last strike at once the second finds the

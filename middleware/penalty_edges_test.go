@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
 )
@@ -225,5 +226,93 @@ func TestPenaltyFailureDuringBlock(t *testing.T) {
 	serve("/f") // one failure after the block
 	if res, _ := store.Inspect(context.Background(), m, peKey, lim, 1); res.RetryAfter > 0 {
 		t.Errorf("one failure after the block blocked again (a strike counted during it): %v", res.RetryAfter)
+	}
+}
+
+// A user's request in flight when another of theirs lands a block, and then
+// refunded, gives its token back to the global policy, which is nobody's to
+// block, and not to the user's blocked bucket.
+func TestPenaltyRefundDuringBlockKeepsOthersPolicies(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	perUser := store.Limit{Rate: 5, Period: time.Hour, Burst: 5}
+	global := store.Limit{Rate: 100, Period: time.Hour, Burst: 100}
+	release, entered := make(chan struct{}), make(chan struct{})
+	mw, err := middleware.NewMulti(m, []middleware.Policy{
+		{Name: "per-user", Limit: perUser},
+		{Name: "global", Limit: global, Key: mustKey(keyfuncs.Static("all"))},
+	}, middleware.WithKeyFunc(userKey), quiet,
+		middleware.WithRefund(func(r *http.Request, status int) bool { return status == 500 }),
+		middleware.WithPenalty(middleware.Penalty{Strikes: 1, Within: time.Minute, Block: time.Hour,
+			Failed: func(r *http.Request, status int) bool { return status == 401 }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Slow") != "" {
+			close(entered)
+			<-release
+			w.WriteHeader(500)
+			return
+		}
+		w.WriteHeader(401)
+	}))
+	done := make(chan struct{})
+	go func() { defer close(done); serveUser(h, "a", "X-Slow", "1") }()
+	<-entered
+	if c := serveUser(h, "a").Code; c != 401 { // the strike that blocks
+		t.Fatalf("striking request: %d", c)
+	}
+	close(release)
+	<-done
+	if res, _ := store.Inspect(context.Background(), m, "global:{all}", global, 1); res.Remaining != 99 {
+		t.Errorf("global bucket: %d remaining, want 99 (the 401 kept its token, the 500's came back)", res.Remaining)
+	}
+	if res, _ := store.Inspect(context.Background(), m, "per-user:{user:a}", perUser, 1); res.RetryAfter < time.Hour {
+		t.Errorf("the user's bucket after the refund: %+v, want still blocked", res)
+	}
+}
+
+// hanging is a Memory whose Takes hang until their context ends, once told.
+type hanging struct {
+	*store.Memory
+	fail atomic.Bool
+}
+
+func (f *hanging) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
+	if f.fail.Load() {
+		<-ctx.Done()
+		return store.Result{}, ctx.Err()
+	}
+	return f.Memory.Take(ctx, key, lim, cost)
+}
+
+// With the breaker open, a refunded request does not read its bucket for a
+// block first: no waiting on a store known to fail.
+func TestPenaltyReadsNoBlockPastAnOpenBreaker(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	fs := &hanging{Memory: m}
+	var h http.Handler
+	l := mustNew(t, fs, store.Limit{Rate: 10, Period: time.Second, Burst: 10}, middleware.WithName("pe"), quiet,
+		middleware.WithBreaker(1, time.Minute), middleware.WithTimeout(300*time.Millisecond), middleware.WithFailurePolicy(middleware.FailOpen),
+		middleware.WithRefund(func(r *http.Request, status int) bool { return status == 500 }),
+		middleware.WithPenalty(middleware.Penalty{Strikes: 1, Within: time.Minute, Block: time.Hour}))
+	var returned time.Time
+	h = l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Inner") != "" {
+			return
+		}
+		fs.fail.Store(true)
+		serveUser(h, "x", "X-Inner", "1") // times out: the breaker opens
+		if l.BreakerState() != middleware.BreakerOpen {
+			t.Errorf("breaker %v, want open", l.BreakerState())
+		}
+		w.WriteHeader(500)
+		returned = time.Now()
+	}))
+	serveUser(h, "x")
+	if d := time.Since(returned); d > 150*time.Millisecond {
+		t.Errorf("%v in the middleware after the handler returned, with the breaker open; want no store call", d)
 	}
 }
