@@ -570,16 +570,15 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	}
 }
 
-// blockedNow reads the bucket of q's first policy and reports whether it is
-// in a block (a read that fails, or an open breaker, says no).
+// blockedNow reads the bucket of q's first policy, through the breaker and
+// within the budget, and reports whether it is in a block (a read that
+// fails, or an open breaker, says no).
 func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
-	if l.BreakerState() == BreakerOpen {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
-	defer cancel()
-	res, err := store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
-	return err == nil && l.inBlock(res)
+	res, err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) ([]store.Result, error) {
+		res, err := store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
+		return []store.Result{res}, err
+	})
+	return err == nil && l.inBlock(res[0])
 }
 
 // own reports whether policy i keys by the subject of the first, whose
