@@ -26,12 +26,31 @@
 //
 // On Redis Cluster the keys of one call must share a {hash tag}.
 //
+// # Window quotas
+//
+// A key of the same call may instead be a window quota: a count of at most
+// quota per window, its arguments seven instead of three:
+//
+//	<k> <quota> <kind> <b0> <b1> <b2> <b3>
+//
+// k is the cost (negative: given back, not below 0), 1 <= quota <= 2^50, kind
+// 0 for a fixed window and -1 for a sliding one, and b0 < b1 < b2 < b3 the
+// µs bounds of three windows around the caller's clock: the script counts in
+// the one holding Redis's now (the first or the last if none does, now moved
+// into it). A fixed window's count is cur; a sliding one's, cur plus
+// floor(prev*(end-now)/(end-start)) of the window before it (exact while
+// quota*(end-start) <= 2^50). k fits when k <= 0 or count + k <= quota; then
+// (all fitting) cur becomes max(cur + k, 0). The key's reply is three
+// integers, now (moved into its window), prev and cur, after the call.
+//
 // # State
 //
 // A key's value is "<u>" or "<u>+<f>/<q>": TAT = u + f/q µs of Redis's clock.
 // Only a refund moves a TAT back: neither a denial nor a decision under another
 // limit on the key (its fraction, in another q, rounded up) hands tokens back.
 // Every write sets the key's expiry to the time until the bucket is full, so no
-// key lives without a TTL; a full bucket is deleted. A value that is not a state
+// key lives without a TTL; a full bucket is deleted. A window quota's value is
+// "<start>:<prev>:<cur>", its expiry the end of its window (a sliding one's, a
+// window later); a state of a later window than now's counts as now's. A value that is not a state
 // reads as a full bucket; arguments out of range get an "ERR tollgate:" reply.
 package lua

@@ -1,17 +1,16 @@
--- tollgate token bucket, version 4: the protocol is in the lua package's
--- documentation (lua/doc.go). In short: KEYS are n >= 1 buckets, decided
--- together, all or nothing, on Redis's clock; ARGV holds k, cap and q per
--- key (time in units of 1/q µs; k = cost*t, cap = burst*t); every k fits
--- when k <= 0 or D + k <= cap for each bucket (D = max(TAT - now, 0)), and
--- then each TAT becomes max(TAT, now) + k/q, else nothing is written. The
--- reply is {allowed, du1, df1, ...}, each debt dui + dfi/q µs. A state is
--- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every
--- write sets the TTL to the time until full; a full bucket is deleted.
+-- tollgate token bucket and window quotas, version 5: the protocol is in
+-- the lua package's documentation (lua/doc.go). In short: KEYS are n >= 1
+-- buckets or window quotas, decided together, all or nothing, on Redis's
+-- clock. A bucket's ARGV are k, cap and q (time in units of 1/q µs; k =
+-- cost*t, cap = burst*t); every k fits when k <= 0 or D + k <= cap (D =
+-- max(TAT - now, 0)), and then each TAT becomes max(TAT, now) + k/q, else
+-- nothing is written. Its reply is du, df: the debt du + df/q µs. A state is
+-- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every write
+-- sets the TTL to the time until full; a full bucket is deleted. A window
+-- quota's ARGV are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
+-- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur.
 
 local n = #KEYS
-if n < 1 or #ARGV ~= 3 * n then
-  return redis.error_reply('ERR tollgate: want 3 arguments per key')
-end
 local LIMIT = 1125899906842624 -- 2^50
 if redis.replicate_commands then
   redis.replicate_commands() -- Redis < 5: allow writes after TIME
@@ -19,67 +18,128 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
-local ks, qs, dus, dfs = {}, {}, {}, {}
-local all = true
-for i = 1, n do
-  local k, cap, q = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
-  if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= 1 and q <= LIMIT
-      and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
-    return redis.error_reply('ERR tollgate: invalid arguments')
-  end
-  local du, df = 0, 0
-  local v = redis.call('GET', KEYS[i])
-  if v then
-    local u, f, sq = tonumber(v), 0, q
-    if not u then
-      local a, b, c = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
-      u, f, sq = tonumber(a), tonumber(b), tonumber(c)
-    end
-    if u and u % 1 == 0 and u >= 0 and u < 9007199254740992 and f < sq then
-      if sq ~= q and f > 0 then
-        u, f = u + 1, 0
-      end
-      if u > now or (u == now and f > 0) then
-        du, df = u - now, f
-      end
-    end
-  end
-  if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
-    all = false
-  end
-  ks[i], qs[i], dus[i], dfs[i] = k, q, du, df
+local function int(x)
+  return x and x % 1 == 0 and x >= -9007199254740992 and x <= 9007199254740992
 end
 
+-- Read every key; all stays true while each k fits.
+local ds, j, all = {}, 1, true
+for i = 1, n do
+  local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  if not (int(k) and int(cap) and int(q) and cap >= 1 and cap <= LIMIT and q <= LIMIT
+      and k >= -cap and k <= cap and q >= -1) then
+    return redis.error_reply('ERR tollgate: invalid arguments')
+  end
+  local d = {k = k, q = q}
+  local v = redis.call('GET', KEYS[i])
+  if q >= 1 then -- a token bucket
+    j = j + 3
+    local du, df = 0, 0
+    if v then
+      local u, f, sq = tonumber(v), 0, q
+      if not u then
+        local a, b, c = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+        u, f, sq = tonumber(a), tonumber(b), tonumber(c)
+      end
+      if u and u % 1 == 0 and u >= 0 and u < 9007199254740992 and f < sq then
+        if sq ~= q and f > 0 then
+          u, f = u + 1, 0
+        end
+        if u > now or (u == now and f > 0) then
+          du, df = u - now, f
+        end
+      end
+    end
+    if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
+      all = false
+    end
+    d.du, d.df = du, df
+  else -- a window quota: pick the window of now among the bounds
+    local b = {tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])}
+    j = j + 7
+    if not (int(b[1]) and int(b[2]) and int(b[3]) and int(b[4]) and b[1] < b[2] and b[2] < b[3] and b[3] < b[4]) then
+      return redis.error_reply('ERR tollgate: invalid window bounds')
+    end
+    local s, e = b[1], b[2]
+    for w = 2, 3 do
+      if now >= b[w] then
+        s, e = b[w], b[w + 1]
+      end
+    end
+    local tn = math.min(math.max(now, s), e - 1)
+    local prev, cur, start = 0, 0, s
+    if v then
+      local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+      a, p, c = tonumber(a), tonumber(p), tonumber(c)
+      if a and a >= s then -- a later window's (a clock gone back) counts as this one's
+        prev, cur, start = p, c, a
+      elseif a and q == -1 and a == s - (e - s) then
+        prev = c
+      end
+    end
+    local count = cur
+    if q == -1 and prev > 0 then
+      count = cur + math.floor(prev * (e - tn) / (e - s))
+    end
+    if k > 0 and count + k > cap then
+      all = false
+    end
+    d.s, d.e, d.tn, d.prev, d.cur, d.start = s, e, tn, prev, cur, start
+  end
+  ds[i] = d
+end
+if j ~= #ARGV + 1 then
+  return redis.error_reply('ERR tollgate: invalid arguments')
+end
+
+-- Write, if all fit, and reply.
 local reply = {all and 1 or 0}
 for i = 1, n do
-  local k, q, du, df = ks[i], qs[i], dus[i], dfs[i]
-  if all and k ~= 0 then
-    if k > 0 then
-      local f = df + k
-      df = f % q
-      du = du + (f - df) / q
-    else
-      local f = df + k -- as much as (-k)/q microseconds back
-      local r = f % q
-      du, df = du + (f - r) / q, r
-      if du < 0 then
-        du, df = 0, 0
+  local d = ds[i]
+  local k, q = d.k, d.q
+  if q < 1 then
+    if all and k ~= 0 then
+      d.cur = math.max(d.cur + k, 0)
+      local ttl = d.e - d.tn
+      if q == -1 then
+        ttl = ttl + d.e - d.s
+      else
+        d.prev = 0
+      end
+      redis.call('SET', KEYS[i], string.format('%d:%d:%d', d.start, d.prev, d.cur),
+        'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
+    end
+    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = d.tn, d.prev, d.cur
+  else
+    local du, df = d.du, d.df
+    if all and k ~= 0 then
+      if k > 0 then
+        local f = df + k
+        df = f % q
+        du = du + (f - df) / q
+      else
+        local f = df + k -- as much as (-k)/q microseconds back
+        local r = f % q
+        du, df = du + (f - r) / q, r
+        if du < 0 then
+          du, df = 0, 0
+        end
+      end
+      if du == 0 and df == 0 then
+        redis.call('DEL', KEYS[i])
+      else
+        local state = string.format('%d', now + du)
+        if df > 0 then
+          state = state .. '+' .. string.format('%d', df) .. '/' .. string.format('%d', q)
+        end
+        local us = du
+        if df > 0 then
+          us = us + 1
+        end
+        redis.call('SET', KEYS[i], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
       end
     end
-    if du == 0 and df == 0 then
-      redis.call('DEL', KEYS[i])
-    else
-      local state = string.format('%d', now + du)
-      if df > 0 then
-        state = state .. '+' .. string.format('%d', df) .. '/' .. string.format('%d', q)
-      end
-      local us = du
-      if df > 0 then
-        us = us + 1
-      end
-      redis.call('SET', KEYS[i], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
-    end
+    reply[#reply + 1], reply[#reply + 2] = du, df
   end
-  reply[2 * i], reply[2 * i + 1] = du, df
 end
 return reply

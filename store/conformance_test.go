@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	_ "time/tzdata" // the zones of the window quotas' cases, on any machine
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -14,8 +15,9 @@ import (
 
 // fakeClock is a clock that moves only when told.
 type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu    sync.Mutex
+	now   time.Time
+	moved func(now time.Time, d time.Duration) // if set, called as the clock moves
 }
 
 func (c *fakeClock) Now() time.Time {
@@ -27,6 +29,9 @@ func (c *fakeClock) Now() time.Time {
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
+	if c.moved != nil {
+		c.moved(c.now, d)
+	}
 	c.mu.Unlock()
 }
 
@@ -41,29 +46,35 @@ func TestConformanceMemory(t *testing.T) {
 			return m
 		},
 		Advance: clock.Advance,
+		Now:     clock.Now,
 	})
 }
 
 // newMiniredis returns a miniredis whose TIME and expiry move together only
 // when advance is called.
 func newMiniredis(t *testing.T) (mr *miniredis.Miniredis, client *redis.Client, advance func(time.Duration)) {
-	mr = miniredis.RunT(t)
-	now := epoch
-	mr.SetTime(now)
-	client = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	mr, client, clock := newMiniredisClock(t)
+	return mr, client, clock.Advance
+}
+
+// newMiniredisClock is newMiniredis, with the clock it moves.
+func newMiniredisClock(t *testing.T) (*miniredis.Miniredis, *redis.Client, *fakeClock) {
+	mr := miniredis.RunT(t)
+	mr.SetTime(epoch)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	return mr, client, func(d time.Duration) {
-		now = now.Add(d)
+	return mr, client, &fakeClock{now: epoch, moved: func(now time.Time, d time.Duration) {
 		mr.SetTime(now)
 		mr.FastForward(d)
-	}
+	}}
 }
 
 func TestConformanceRedisMiniredis(t *testing.T) {
-	_, client, advance := newMiniredis(t)
+	_, client, clock := newMiniredisClock(t)
 	storetest.Run(t, storetest.Harness{
-		New:     func(t *testing.T) store.Store { return store.NewRedis(client) },
-		Advance: advance,
+		New:     func(t *testing.T) store.Store { return store.NewRedis(client, store.WithWindowClock(clock.Now)) },
+		Advance: clock.Advance,
+		Now:     clock.Now,
 	})
 }
 

@@ -26,10 +26,20 @@ type params struct {
 	block          int64  // > 0: the units a Block adds, whatever the cost
 	args           [2]any // fit and q, for the script
 	k1             any    // t: the script's k for a cost of 1
+	// A window quota's (see window.go): Period in µs, calendar (nil: from
+	// the epoch), and the name of its kind, which keys its state.
+	period int64
+	loc    *time.Location
+	spec   string
+	b      [4]int64 // the window bounds of one Redis call
 }
 
 func newParams(l Limit) (*params, error) {
 	switch {
+	case l.Window != Bucket:
+		return windowParams(l)
+	case l.Location != nil:
+		return nil, l.invalid("a token bucket has no Location")
 	case l.Rate < 1:
 		return nil, l.invalid("Rate must be at least 1, got %d", l.Rate)
 	case l.Burst < 1:
@@ -63,8 +73,8 @@ func (p *params) delayed(maxDelay time.Duration) (params, error) {
 	if maxDelay == 0 {
 		return d, nil // the boxed arguments as they are: a boxed integer allocates
 	}
-	if maxDelay < 0 {
-		return d, p.l.invalid("MaxDelay must not be negative, got %s", maxDelay)
+	if maxDelay < 0 || p.spec != "" {
+		return d, p.l.invalid("MaxDelay %s: it must not be negative, and is for token buckets", maxDelay)
 	}
 	hi, lo := bits.Mul64(uint64(maxDelay/time.Microsecond), uint64(p.q))
 	if hi != 0 || lo > maxProduct-uint64(p.fit) {
@@ -95,8 +105,8 @@ func (p *params) debt(s tat, now int64) (du, df int64) {
 func (p *params) blocking(d time.Duration) (params, error) {
 	b := *p
 	hi, lo := bits.Mul64(uint64(max(d, 0)/time.Microsecond), uint64(p.q))
-	if d <= 0 || hi != 0 || lo > maxProduct-uint64(p.cap) {
-		return b, p.l.invalid("Block %s: the duration must be positive, and the bucket with it within 2^50 units", d)
+	if d <= 0 || hi != 0 || lo > maxProduct-uint64(p.cap) || p.spec != "" {
+		return b, p.l.invalid("Block %s: the duration must be positive, the bucket with it within 2^50 units, and the limit a token bucket", d)
 	}
 	b.block, b.fit = p.cap+int64(lo), maxProduct
 	b.fitUs, b.args[0] = b.fit/b.q+1, b.fit

@@ -16,12 +16,17 @@ var ErrInvalidLimit = errors.New("invalid limit")
 var ErrInvalidCost = errors.New("invalid cost")
 
 // Limit is a token-bucket policy: a bucket of capacity Burst, refilled
-// continuously with Rate tokens per Period. A Limit is a plain value passed
-// on every call, so one store serves every route and tier.
+// continuously with Rate tokens per Period; or, with a Window, a quota of
+// Rate per window (see [Window]). A Limit is a plain value passed on every
+// call, so one store serves every route and tier.
 type Limit struct {
 	Rate   int           // tokens added per Period, at least 1
 	Period time.Duration // at least 1µs, a whole number of microseconds
-	Burst  int           // bucket capacity, at least 1
+	Burst  int           // bucket capacity, at least 1; a window's: Rate
+	Window Window        // the zero value: a token bucket
+	// Location is the calendar of a Fixed window whose Period divides a
+	// day, or of a Monthly one; nil: UTC.
+	Location *time.Location
 }
 
 // PerSecond returns a Limit of rate tokens per second with Burst = rate.
@@ -78,7 +83,9 @@ type Admin interface {
 
 // Inspect reads key's bucket under limit without taking from it, and says
 // what a Take of cost would answer now: Allowed, Remaining, RetryAfter (to
-// the microsecond rounded up) and ResetAfter.
+// the microsecond rounded up) and ResetAfter. For a window quota denied, its
+// RetryAfter is ResetAfter: exact for a fixed window, at most that for a
+// sliding one.
 func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, err
@@ -91,7 +98,9 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 		return res, err
 	}
 	res.Allowed = res.Remaining >= cost
-	if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
+	if !res.Allowed && limit.Window != Bucket {
+		res.RetryAfter = res.ResetAfter // exact for a fixed window; a sliding one's is at most that
+	} else if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
 		hi, lo := bits.Mul64(uint64(limit.Burst-cost), uint64(limit.Period))
 		room, _ := bits.Div64(hi, lo, uint64(limit.Rate)) // Burst*Period/Rate fits: Limit.Validate
 		wait := res.ResetAfter - time.Duration(room)
@@ -101,7 +110,15 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 }
 
 // String returns a compact form of l, such as "100/1m0s burst 10".
-func (l Limit) String() string { return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst) }
+func (l Limit) String() string {
+	switch l.Window {
+	case Bucket:
+		return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst)
+	case Monthly:
+		return fmt.Sprintf("%d per month in %s", l.Rate, l.Location)
+	}
+	return fmt.Sprintf("%d per %s window of %s in %s", l.Rate, l.Window, l.Period, l.Location)
+}
 
 func (l Limit) invalid(format string, args ...any) error {
 	return fmt.Errorf("store: %w %v: %s", ErrInvalidLimit, l, fmt.Sprintf(format, args...))

@@ -70,13 +70,14 @@ func (m *Memory) id(key string) id {
 	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
 }
 
-// A bucket is one key's state, dead once dropped from its shard: 64 bytes.
+// A bucket is one key's state, dead once dropped from its shard: 64 bytes. A
+// window quota's has w, and s only says when it expires ([Memory.decideWindow]).
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
 	dead bool
-	id   id // read under mu: a hint may point to another bucket
-	_    [8]byte
+	id   id   // read under mu: a hint may point to another bucket
+	w    *win // a window quota's state
 }
 
 // MemoryOption configures a [Memory] store.
@@ -173,7 +174,10 @@ func (m *Memory) take(key string, k id, limit Limit, n int, maxDelay time.Durati
 			p = &d
 		}
 	}
-	if err == nil {
+	switch {
+	case err == nil && p.spec != "": // a window quota's state has an id of its own
+		m.decideWindow(&res, id{k[0] ^ maphash.String(m.seeds[1], p.spec), k[1] ^ maphash.String(m.seeds[0], p.spec)}, p, u)
+	case err == nil:
 		m.decide(&res, k, p, u)
 	}
 	return res, err
@@ -251,7 +255,7 @@ func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 		bk.mu.Unlock()
 	} else if k > 0 { // a missing key is a full bucket: only a Take writes one
 		du, df = p.after(0, 0, k)
-		bk = m.insert(sh, key, tat{now + du, df, p.q}, now, []*shard{sh})
+		bk = m.insert(sh, &bucket{s: tat{now + du, df, p.q}, id: key}, now, []*shard{sh})
 	}
 	if bk != nil { // the hint may name a dropped bucket of this key
 		sh.last.Store(bk)
@@ -271,17 +275,59 @@ func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
 	return du, df, allowed
 }
 
-// insert adds a bucket in state s to sh, making room first at MaxKeys (the
-// cap holds at every instant). The caller write-locks held, sh among them.
-func (m *Memory) insert(sh *shard, key id, s tat, now int64, held []*shard) *bucket {
+// insert adds bk to sh, making room first at MaxKeys (the cap holds at
+// every instant). The caller write-locks held, sh among them.
+func (m *Memory) insert(sh *shard, bk *bucket, now int64, held []*shard) *bucket {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
 			m.evict(held, now)
 		}
 	}
-	bk := &bucket{s: s, id: key}
-	sh.buckets[key] = bk
+	sh.buckets[bk.id] = bk
 	return bk
+}
+
+// decideWindow decides k counts of window quota p in the bucket named key,
+// under its shard's write lock: windows are not the hot path a hint serves.
+func (m *Memory) decideWindow(res *Result, key id, p *params, k int64) {
+	sh := &m.shards[key[0]%shards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := m.now()
+	bk := sh.buckets[key]
+	var w win
+	if bk != nil {
+		bk.mu.Lock()
+		defer bk.mu.Unlock()
+		if bk.w != nil {
+			w = *bk.w
+		}
+	}
+	v, w, allowed, changed := p.decideWindow(w, m.view(p, w, now), k)
+	if changed {
+		m.writeWindow(sh, key, bk, p, v, w, now, []*shard{sh})
+	}
+	p.fillWindow(res, v, k, allowed)
+}
+
+// view reads window state w of p at the monotonic instant now.
+func (m *Memory) view(p *params, w win, now int64) winView {
+	if m.clock == nil {
+		now += m.start.UnixMicro() // the wall clock, run by the monotonic one
+	}
+	return p.view(w, p.bounds(now), now)
+}
+
+// writeWindow makes w, after v, the state of key's bucket bk (nil: new),
+// expiring when it no longer counts. The caller write-locks held, sh among
+// them, and holds bk.mu.
+func (m *Memory) writeWindow(sh *shard, key id, bk *bucket, p *params, v winView, w win, now int64, held []*shard) {
+	s := tat{u: now + p.ttl(v), q: 1}
+	if bk == nil {
+		m.insert(sh, &bucket{s: s, id: key, w: &w}, now, held)
+		return
+	}
+	bk.s, *bk.w = s, w
 }
 
 // drop removes bk from sh. The caller holds sh's write lock and bk.mu.
@@ -351,7 +397,9 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	ids, in := make([]id, len(reqs)), make([]*shard, len(reqs))
 	var order []uint64
 	for i, q := range reqs {
-		ids[i] = m.id(q.Key)
+		if ids[i] = m.id(q.Key); ps[i].spec != "" {
+			ids[i] = id{ids[i][0] ^ maphash.String(m.seeds[1], ps[i].spec), ids[i][1] ^ maphash.String(m.seeds[0], ps[i].spec)}
+		}
 		if slices.Contains(ids[:i], ids[i]) { // keys differ (checkRequests): a 2^-128 chance
 			return nil, fmt.Errorf("store: take all: %w %q (the same id)", ErrDuplicateKey, q.Key)
 		}
@@ -374,33 +422,57 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	type debt struct {
 		du, df, k int64
 		bk        *bucket
+		v         winView // a window quota's
+		w         win
 	}
 	ds, out, all := make([]debt, len(reqs)), make([]Result, len(reqs)), true
 	for i, q := range reqs {
-		d := &ds[i]
-		d.k = int64(q.Cost) * ps[i].t
+		d, p := &ds[i], &ps[i]
+		d.k = int64(q.Cost) * p.t
 		if d.bk = in[i].buckets[ids[i]]; d.bk != nil {
 			d.bk.mu.Lock()
-			d.du, d.df = ps[i].debt(d.bk.s, now)
+			d.du, d.df = p.debt(d.bk.s, now)
+			if d.bk.w != nil {
+				d.w = *d.bk.w
+			}
 		}
-		all = all && ps[i].fits(d.du, d.df, d.k)
+		if p.spec != "" {
+			d.v = m.view(p, d.w, now)
+			_, _, fits, _ := p.decideWindow(d.w, d.v, d.k)
+			all = all && fits
+		} else {
+			all = all && p.fits(d.du, d.df, d.k)
+		}
 	}
 	for i := range ds {
-		d := &ds[i]
-		if all && d.k != 0 {
-			d.du, d.df = ps[i].after(d.du, d.df, d.k)
+		d, p := &ds[i], &ps[i]
+		switch {
+		case p.spec != "" && all:
+			var changed bool
+			if d.v, d.w, _, changed = p.decideWindow(d.w, d.v, d.k); changed && d.bk != nil {
+				m.writeWindow(in[i], ids[i], d.bk, p, d.v, d.w, now, held)
+			}
+		case all && d.k != 0:
+			d.du, d.df = p.after(d.du, d.df, d.k)
+			if d.bk != nil {
+				d.bk.s = tat{now + d.du, d.df, p.q}
+			}
 		}
 		if d.bk != nil {
-			if all && d.k != 0 {
-				d.bk.s = tat{now + d.du, d.df, ps[i].q}
-			}
 			d.bk.mu.Unlock()
 		}
-		ps[i].fill(&out[i], d.du, d.df, d.k, all)
+		if p.spec != "" {
+			p.fillWindow(&out[i], d.v, d.k, all)
+		} else {
+			p.fill(&out[i], d.du, d.df, d.k, all)
+		}
 	}
 	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
-		if all && d.k > 0 && d.bk == nil {
-			m.insert(in[i], ids[i], tat{now + d.du, d.df, ps[i].q}, now, held)
+		switch {
+		case all && d.k > 0 && d.bk == nil && ps[i].spec != "":
+			m.writeWindow(in[i], ids[i], nil, &ps[i], d.v, d.w, now, held)
+		case all && d.k > 0 && d.bk == nil:
+			m.insert(in[i], &bucket{s: tat{now + d.du, d.df, ps[i].q}, id: ids[i]}, now, held)
 		}
 	}
 	for _, sh := range held {

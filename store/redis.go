@@ -35,6 +35,7 @@ type Redis struct {
 	limits    limitCache
 	single    *batcher // the batcher of a client that is not a Cluster
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
+	clock     func() time.Time
 }
 
 // DefaultBatchPipelines is [WithBatching]'s default: pipelines in flight per node.
@@ -63,9 +64,20 @@ func WithBatching(n int) RedisOption {
 	}
 }
 
+// WithWindowClock sets the clock around which the store computes the windows
+// of a window quota (default time.Now), among which Redis's clock picks: for
+// tests on a Redis whose clock they control (miniredis). A nil now is ignored.
+func WithWindowClock(now func() time.Time) RedisOption {
+	return func(r *Redis) {
+		if now != nil {
+			r.clock = now
+		}
+	}
+}
+
 // NewRedis returns a Redis store that runs its script through client.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
-	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines, client: client}
+	r := &Redis{prefix: DefaultKeyPrefix, pipelines: DefaultBatchPipelines, client: client, clock: time.Now}
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		r.cluster, r.tagged = c, true
@@ -115,10 +127,16 @@ func (r *Redis) Validate() error {
 // and its SHA-256 if key is longer than 128 bytes or starts with '#' (so no key
 // is stored as another's hash). On a Cluster or Ring, a hash tag of key's group
 // (its first "{...}", else all of it) comes first: a group's keys share a slot.
-func (r *Redis) Key(key string) string {
+// A window quota's state is under "#<kind>:" and the same: no bucket's name.
+func (r *Redis) Key(key string) string { return r.key(key, "") }
+
+func (r *Redis) key(key, spec string) string {
 	stored := key
 	if h, ok := hashed(key); ok {
 		stored = string(h[:])
+	}
+	if spec != "" {
+		stored = "#" + spec + ":" + stored
 	}
 	if !r.tagged {
 		return r.prefix + stored
@@ -166,7 +184,7 @@ func (r *Redis) Block(ctx context.Context, key string, limit Limit, d time.Durat
 		ps[0], err = p.blocking(d)
 	}
 	if err == nil {
-		var debts [2]int64
+		var debts [3]int64
 		var blocked bool
 		if blocked, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:]); err == nil && !blocked {
 			err = errBlockFull(key)
@@ -195,14 +213,35 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	var debts [2]int64
+	var debts [3]int64
 	allowed, err := r.group(ctx, []Request{q}, ps[:], []int{0}, sign, debts[:])
 	if err != nil {
 		return Result{}, err
 	}
 	var res Result
-	ps[0].fill(&res, debts[0], debts[1], k, allowed)
+	ps[0].fillFrom(&res, debts[:], k, 0, allowed)
 	return res, nil
+}
+
+// replies is how many integers the script replies for p: a debt, or a window's view.
+func (p *params) replies() int {
+	if p.spec != "" {
+		return 3
+	}
+	return 2
+}
+
+// fillFrom puts in res the Result of the reply debts (a debt, or a window's
+// view) after a decision of k, less the undo given back since.
+func (p *params) fillFrom(res *Result, debts []int64, k, undo int64, allowed bool) {
+	if p.spec == "" {
+		du, df := p.after(debts[0], debts[1], -undo)
+		p.fill(res, du, df, k, allowed)
+		return
+	}
+	v := pick(p.b, debts[0])
+	v.prev, v.cur = debts[1], max(debts[2]-undo, 0)
+	p.fillWindow(res, v, k, allowed)
 }
 
 // TakeAll implements [MultiStore] in one atomic script call on a single node.
@@ -214,7 +253,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, debts := make([]Result, len(reqs)), make([]int64, 2*len(reqs))
+	out, debts := make([]Result, len(reqs)), make([]int64, 3*len(reqs))
 	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
 	// groups: reqs' indexes by hash tag (one without), in order of appearance.
 	var tags [][8]byte
@@ -237,7 +276,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			return nil, err
 		}
 		for _, i := range g {
-			ps[i].fill(&out[i], debts[2*i], debts[2*i+1], k(i), allowed)
+			ps[i].fillFrom(&out[i], debts[3*i:], k(i), 0, allowed)
 		}
 		if allowed {
 			continue
@@ -246,8 +285,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		r.giveBack(ctx, reqs, ps, groups[:gi])
 		for _, g := range groups[:gi] {
 			for _, i := range g {
-				du, df := ps[i].after(debts[2*i], debts[2*i+1], -k(i))
-				ps[i].fill(&out[i], du, df, k(i), false)
+				ps[i].fillFrom(&out[i], debts[3*i:], k(i), k(i), false)
 			}
 		}
 		for _, g := range groups[gi+1:] {
@@ -256,7 +294,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			}
 			if _, err := r.group(ctx, reqs, ps, g, 0, debts); err == nil {
 				for _, i := range g {
-					ps[i].fill(&out[i], debts[2*i], debts[2*i+1], k(i), false)
+					ps[i].fillFrom(&out[i], debts[3*i:], k(i), 0, false)
 				}
 			}
 		}
@@ -269,14 +307,18 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 }
 
 // group runs one script call for reqs at indexes g, costs times sign (1: take,
-// 0: read, -1: give back), and writes each one's debt into debts[2i:2i+2].
+// 0: read, -1: give back), and writes each one's reply into debts[3i:3i+3].
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, sign int64, debts []int64) (bool, error) {
 	if r.client == nil {
 		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
 	}
-	c := newCall(ctx, reqs[g[0]].Key, len(g))
+	replies := 0
 	for _, i := range g {
-		c.args = append(c.args, r.Key(reqs[i].Key))
+		replies += ps[i].replies()
+	}
+	c := newCall(ctx, reqs[g[0]].Key, len(g), replies)
+	for _, i := range g {
+		c.args = append(c.args, r.key(reqs[i].Key, ps[i].spec))
 	}
 	for _, i := range g {
 		var k any = ps[i].k1 // boxed once: boxing an integer above 255 allocates
@@ -286,6 +328,11 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 			k = sign * int64(reqs[i].Cost) * ps[i].t
 		}
 		c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
+		if ps[i].spec != "" {
+			b := ps[i].bounds(r.clock().UnixMicro())
+			ps[i].b = b
+			c.args = append(c.args, b[0], b[1], b[2], b[3])
+		}
 	}
 	if abandoned, err := r.exec(ctx, c); err != nil {
 		if !abandoned {
@@ -293,8 +340,9 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		}
 		return false, err
 	}
-	for j, i := range g {
-		debts[2*i], debts[2*i+1] = c.debts[2*j], c.debts[2*j+1]
+	j := 0
+	for _, i := range g {
+		j += copy(debts[3*i:3*i+ps[i].replies()], c.debts[j:])
 	}
 	allowed := c.allowed
 	c.release()
@@ -311,7 +359,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		scratch := make([]int64, 2*len(reqs))
+		scratch := make([]int64, 3*len(reqs))
 		for _, g := range taken {
 			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 100*time.Millisecond)
 			_, err := r.group(gctx, reqs, ps, g, -1, scratch)
@@ -407,20 +455,21 @@ type call struct {
 	debts    []int64 // du, df per key: the reply
 	err      error
 	done     chan struct{} // signalled when a worker has answered
-	argsBuf  [7]any        // the backing arrays of a Take's call
-	debtsBuf [2]int64
+	argsBuf  [11]any       // the backing arrays of a Take's call
+	debtsBuf [3]int64
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// newCall returns a call for n keys, the first named key, args up to its keys.
-func newCall(ctx context.Context, key string, n int) *call {
+// newCall returns a call for n keys and as many reply integers, the first
+// named key, args up to its keys.
+func newCall(ctx context.Context, key string, n, replies int) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.key, c.args, c.debts = ctx, key, c.argsBuf[:0], c.debtsBuf[:0]
 	if n > 1 {
-		c.args, c.debts = make([]any, 0, 3+4*n), make([]int64, 0, 2*n)
+		c.args, c.debts = make([]any, 0, 3+8*n), make([]int64, 0, replies)
 	}
-	c.args, c.debts = append(c.args, evalsha, shaArg, n), c.debts[:2*n]
+	c.args, c.debts = append(c.args, evalsha, shaArg, n), c.debts[:replies]
 	return c
 }
 

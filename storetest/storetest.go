@@ -40,6 +40,9 @@ type Harness struct {
 	// on a real clock: the suite sleeps instead, and checks durations and
 	// remaining tokens within Slack rather than to the microsecond.
 	Advance func(d time.Duration)
+	// Now reads the controlled clock (with Advance): the window quotas'
+	// calendar cases go to given instants.
+	Now func() time.Time
 	// Slack is how far a duration may be from the exact value on a real
 	// clock, and how late a step may start before the suite stops judging a
 	// sequence (ignored when Advance is set: then results are exact).
@@ -194,6 +197,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("SmallerLimitTakeAll", func(t *testing.T) { smallerLimit(t, h, true) })
 	t.Run("TwoLimits", func(t *testing.T) { twoLimits(t, h) })
 	t.Run("HashedKeys", func(t *testing.T) { hashedKeys(t, h) })
+	t.Run("Windows", func(t *testing.T) { windows(t, h) })
 }
 
 func runSequence(t *testing.T, h Harness, seq Sequence) {

@@ -1,0 +1,230 @@
+package store
+
+import (
+	"strconv"
+	"time"
+)
+
+// Window makes a [Limit] a quota counted in windows instead of a token
+// bucket: Rate per window, Burst equal to Rate. A count is kept per key and
+// window kind (Period and Location): a bucket and quotas on one key never
+// share state. Both stores decide it on their clock (Redis: TIME, picking
+// among windows the app computes around its own clock, so the two must agree
+// within a window), denials consume nothing, and a key's state lives until
+// its count no longer matters.
+type Window uint8
+
+const (
+	// Bucket is the token bucket, the zero value.
+	Bucket Window = iota
+	// Fixed counts Rate per window of Period. Windows start at the Unix epoch
+	// in UTC (a minute's at every whole minute); with a Location and a Period
+	// that divides a day, at each local midnight, the last of a day ending at
+	// the next one (a day of 23 or 25 hours across a DST change).
+	Fixed
+	// Sliding is the sliding-window counter: the count of the current window
+	// of Period (from the epoch) plus that of the previous one weighted by the
+	// share of it still within a Period of now, rounded down; Rate*Period in
+	// µs at most 2^50.
+	Sliding
+	// Monthly counts Rate per calendar month in Location; Period must be 0.
+	Monthly
+)
+
+func (w Window) String() string {
+	return [...]string{"bucket", "fixed", "sliding", "monthly"}[min(int(w), 3)]
+}
+
+// FixedWindow returns a quota of n per window of period from the Unix epoch.
+func FixedWindow(n int, period time.Duration) Limit {
+	return Limit{Rate: n, Period: period, Burst: n, Window: Fixed}
+}
+
+// SlidingWindow returns a sliding-window quota of n per period.
+func SlidingWindow(n int, period time.Duration) Limit {
+	return Limit{Rate: n, Period: period, Burst: n, Window: Sliding}
+}
+
+// PerDayIn returns a quota of n per calendar day in loc (nil: UTC).
+func PerDayIn(n int, loc *time.Location) Limit {
+	return Limit{Rate: n, Period: 24 * time.Hour, Burst: n, Window: Fixed, Location: loc}
+}
+
+// PerMonthIn returns a quota of n per calendar month in loc (nil: UTC).
+func PerMonthIn(n int, loc *time.Location) Limit {
+	return Limit{Rate: n, Burst: n, Window: Monthly, Location: loc}
+}
+
+// windowParams checks a window quota and returns its params: a token is one
+// count (t = q = 1), cap = Rate.
+func windowParams(l Limit) (*params, error) {
+	n, us := int64(l.Rate), l.Period.Microseconds()
+	switch {
+	case l.Window > Monthly:
+		return nil, l.invalid("unknown Window %d", l.Window)
+	case l.Rate < 1 || n > maxProduct:
+		return nil, l.invalid("Rate must be in [1, 2^50], got %d", l.Rate)
+	case l.Burst != l.Rate:
+		return nil, l.invalid("a window's Burst must equal its Rate, got %d", l.Burst)
+	case l.Window == Monthly && l.Period != 0:
+		return nil, l.invalid("a monthly window's Period must be 0 (the calendar sets it), got %s", l.Period)
+	case l.Window != Monthly && (l.Period < time.Microsecond || l.Period%time.Microsecond != 0):
+		return nil, l.invalid("Period must be a positive whole number of microseconds, got %s", l.Period)
+	case l.Window == Sliding && l.Location != nil:
+		return nil, l.invalid("a sliding window has no Location")
+	case l.Window == Fixed && l.Location != nil && (24*time.Hour)%l.Period != 0:
+		return nil, l.invalid("a fixed window in a Location needs a Period that divides a day, got %s", l.Period)
+	case l.Window == Sliding && n > maxProduct/us:
+		return nil, l.invalid("Rate*Period in µs must not exceed 2^50")
+	}
+	p := &params{l: l, q: 1, t: 1, cap: n, fit: n, fitUs: n + 1, args: [2]any{n, int64(0)}, k1: int64(1), period: us, loc: l.Location}
+	p.spec = "f" + strconv.FormatInt(us, 10)
+	switch {
+	case l.Window == Sliding:
+		p.spec, p.args[1] = "s"+strconv.FormatInt(us, 10), int64(-1)
+	case l.Window == Monthly:
+		p.spec = "m"
+	}
+	if l.Window == Monthly && p.loc == nil {
+		p.loc = time.UTC
+	}
+	if p.loc != nil {
+		p.spec += "@" + strconv.Quote(p.loc.String())
+	}
+	return p, nil
+}
+
+// bounds returns, around the wall instant now (µs), the starts of the
+// window holding it, of the one before and of the one after, and the end of
+// that one: the windows among which Redis's clock picks.
+func (p *params) bounds(now int64) [4]int64 {
+	if p.loc == nil { // windows of Period from the epoch
+		s := now - now%p.period
+		if now < 0 && now%p.period != 0 {
+			s -= p.period
+		}
+		return [4]int64{s - p.period, s, s + p.period, s + 2*p.period}
+	}
+	s, e := p.around(now)
+	b0, _ := p.around(s - 1)
+	_, b3 := p.around(e)
+	return [4]int64{b0, s, e, b3}
+}
+
+// around returns the calendar window [s, e) holding now in p's Location.
+func (p *params) around(now int64) (s, e int64) {
+	t := time.UnixMicro(now).In(p.loc)
+	y, mo, d := t.Date()
+	if p.l.Window == Monthly {
+		return time.Date(y, mo, 1, 0, 0, 0, 0, p.loc).UnixMicro(), time.Date(y, mo+1, 1, 0, 0, 0, 0, p.loc).UnixMicro()
+	}
+	day := time.Date(y, mo, d, 0, 0, 0, 0, p.loc).UnixMicro()
+	next := time.Date(y, mo, d+1, 0, 0, 0, 0, p.loc).UnixMicro()
+	last := (24*time.Hour).Microseconds()/p.period - 1 // the day's last window ends at the next midnight
+	i := min((now-day)/p.period, last)
+	if s, e = day+i*p.period, next; i < last {
+		e = min(s+p.period, next)
+	}
+	return s, e
+}
+
+// A win is a window quota's state: cur counted in the window from start,
+// prev in the one before it (a sliding window's; 0 for a fixed one).
+type win struct{ start, prev, cur int64 }
+
+// A winView is a window quota at an instant: now within [s, e), and counts.
+type winView struct{ now, s, e, prev, cur int64 }
+
+// view picks among b the window holding now (the first or last if none
+// does, now moved into it) and reads w's counts in it. A state of a later
+// window (a clock gone back) counts as this one's: it may deny, never give back.
+func (p *params) view(w win, b [4]int64, now int64) winView {
+	v := pick(b, now)
+	switch {
+	case w.start >= v.s:
+		v.prev, v.cur = w.prev, w.cur
+	case p.l.Window == Sliding && w.start == v.s-(v.e-v.s):
+		v.prev = w.cur
+	}
+	return v
+}
+
+// pick returns the window of b holding now, with no counts.
+func pick(b [4]int64, now int64) winView {
+	v := winView{s: b[0], e: b[1]}
+	for i := 1; i < 3 && now >= b[i]; i++ {
+		v.s, v.e = b[i], b[i+1]
+	}
+	v.now = min(max(now, v.s), v.e-1)
+	return v
+}
+
+// count is v's count: the current window's, plus, for a sliding window, the
+// previous one's share within a Period of now, rounded down (exact: Rate*Period <= 2^50).
+func (p *params) count(v winView) int64 {
+	if p.l.Window != Sliding || v.prev == 0 {
+		return v.cur
+	}
+	return v.cur + v.prev*(v.e-v.now)/(v.e-v.s)
+}
+
+// decideWindow adds k counts (k < 0: gives back, not below 0) to v if they
+// fit, and returns v and the state to write after it (changed false: none).
+func (p *params) decideWindow(w win, v winView, k int64) (after winView, next win, allowed, changed bool) {
+	if k > 0 && p.count(v)+k > p.cap {
+		return v, w, false, false
+	}
+	v.cur = max(v.cur+k, 0)
+	if p.l.Window != Sliding {
+		v.prev = 0
+	}
+	return v, win{max(w.start, v.s), v.prev, v.cur}, true, k != 0
+}
+
+// ttl is how long a window's state matters after v: to the end of its window,
+// and a sliding window's one more Period, as the next one's previous.
+func (p *params) ttl(v winView) int64 {
+	if p.l.Window == Sliding {
+		return v.e - v.now + (v.e - v.s)
+	}
+	return v.e - v.now
+}
+
+// fillWindow puts in res the Result of a window quota after a decision of k
+// counts: RetryAfter until k fit (0 if they do now), ResetAfter until the
+// count is 0.
+func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
+	n, left, length, elapsed := p.cap, v.e-v.now, v.e-v.s, v.now-v.s
+	*res = Result{Limit: p.l, Allowed: allowed, Remaining: int(max(n-p.count(v), 0))}
+	fits := k <= 0 || p.count(v)+k <= n
+	switch {
+	case p.l.Window != Sliding:
+		if v.cur > 0 {
+			res.ResetAfter = micros(left)
+		}
+		if !allowed && !fits {
+			res.RetryAfter = micros(left)
+		}
+		return
+	case v.cur > 0:
+		res.ResetAfter = micros(left + decayed(v.cur, 0, length))
+	default:
+		res.ResetAfter = micros(max(decayed(v.prev, 0, length)-elapsed, 0))
+	}
+	if !allowed && !fits {
+		if m := n - v.cur - k; m >= 0 { // within this window, as the previous one's share shrinks
+			res.RetryAfter = micros(max(decayed(v.prev, m, length)-elapsed, 1))
+		} else { // in the next, this one's count its previous
+			res.RetryAfter = micros(left + decayed(v.cur, n-k, length))
+		}
+	}
+}
+
+// decayed is the least elapsed time e in [0, w] of a window of length w at
+// which a previous count c weighs at most m: floor(c*(w-e)/w) <= m.
+func decayed(c, m, w int64) int64 {
+	if c <= m {
+		return 0
+	}
+	return w - ceilDiv((m+1)*w, c) + 1
+}
