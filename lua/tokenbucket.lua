@@ -18,19 +18,15 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
-local function int(x)
-  return x and x % 1 == 0 and x >= -9007199254740992 and x <= 9007199254740992
-end
-
--- Read every key; all stays true while each k fits.
-local ds, j, all = {}, 1, true
+-- Read every key; all stays true while each k fits. A window's view is in
+-- dus (its now), dfs (prev) and wins (start, end, cur, state's start).
+local ks, qs, dus, dfs, wins, j, all = {}, {}, {}, {}, {}, 1, true
 for i = 1, n do
   local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  if not (int(k) and int(cap) and int(q) and cap >= 1 and cap <= LIMIT and q <= LIMIT
-      and k >= -cap and k <= cap and q >= -1) then
+  if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
+      and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
     return redis.error_reply('ERR tollgate: invalid arguments')
   end
-  local d = {k = k, q = q}
   local v = redis.call('GET', KEYS[i])
   if q >= 1 then -- a token bucket
     j = j + 3
@@ -53,11 +49,12 @@ for i = 1, n do
     if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
       all = false
     end
-    d.du, d.df = du, df
+    dus[i], dfs[i] = du, df
   else -- a window quota: pick the window of now among the bounds
     local b = {tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])}
     j = j + 7
-    if not (int(b[1]) and int(b[2]) and int(b[3]) and int(b[4]) and b[1] < b[2] and b[2] < b[3] and b[3] < b[4]) then
+    if not (b[1] and b[2] and b[3] and b[4] and b[1] % 1 == 0 and b[2] % 1 == 0 and b[3] % 1 == 0 and b[4] % 1 == 0
+        and b[1] < b[2] and b[2] < b[3] and b[3] < b[4]) then
       return redis.error_reply('ERR tollgate: invalid window bounds')
     end
     local s, e = b[1], b[2]
@@ -84,9 +81,9 @@ for i = 1, n do
     if k > 0 and count + k > cap then
       all = false
     end
-    d.s, d.e, d.tn, d.prev, d.cur, d.start = s, e, tn, prev, cur, start
+    dus[i], dfs[i], wins[i] = tn, prev, {s, e, cur, start}
   end
-  ds[i] = d
+  ks[i], qs[i] = k, q
 end
 if j ~= #ARGV + 1 then
   return redis.error_reply('ERR tollgate: invalid arguments')
@@ -95,23 +92,23 @@ end
 -- Write, if all fit, and reply.
 local reply = {all and 1 or 0}
 for i = 1, n do
-  local d = ds[i]
-  local k, q = d.k, d.q
+  local k, q, du, df = ks[i], qs[i], dus[i], dfs[i]
   if q < 1 then
+    local w = wins[i]
+    local tn, prev, cur = du, df, w[3]
     if all and k ~= 0 then
-      d.cur = math.max(d.cur + k, 0)
-      local ttl = d.e - d.tn
+      cur = math.max(cur + k, 0)
+      local ttl = w[2] - tn
       if q == -1 then
-        ttl = ttl + d.e - d.s
+        ttl = ttl + w[2] - w[1]
       else
-        d.prev = 0
+        prev = 0
       end
-      redis.call('SET', KEYS[i], string.format('%d:%d:%d', d.start, d.prev, d.cur),
+      redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[4], prev, cur),
         'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
     end
-    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = d.tn, d.prev, d.cur
+    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = tn, prev, cur
   else
-    local du, df = d.du, d.df
     if all and k ~= 0 then
       if k > 0 then
         local f = df + k
