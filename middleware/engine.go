@@ -264,7 +264,10 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
 	var verdict denyVerdict
 	var gen uint64
-	if l.deny != nil && q.cost > 0 { // a read takes nothing: never refused locally
+	// A read takes nothing: never refused locally; nor is a window quota's
+	// request, whose count the cache's arithmetic of tokens does not model.
+	deny := l.deny != nil && q.cost > 0 && lim.Window == store.Bucket
+	if deny {
 		var res store.Result
 		if verdict, res, gen = l.deny.check(key, lim, q.cost); verdict == denyHit {
 			l.denyHits.Add(1)
@@ -286,7 +289,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 		q.res = append(q.res[:0], res)
 		return q.res, err
 	})
-	if l.deny != nil && q.cost > 0 {
+	if deny {
 		l.recordDenial(key, lim, q.cost, verdict, gen, res, err)
 	}
 	return err
@@ -529,11 +532,16 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 
 // quota turns pol's store result into what the headers report.
 func quota(pol *policy, res store.Result) headers.Quota {
+	window := res.Limit.Period
+	if res.Limit.Window == store.Monthly { // this month's length
+		start, end := res.Limit.WindowAt(time.Now())
+		window = end.Sub(start)
+	}
 	return headers.Quota{
 		Name:      pol.name,
 		Limit:     res.Limit.Burst, // the local share under FailLocal
 		Rate:      res.Limit.Rate,
-		Window:    res.Limit.Period,
+		Window:    window,
 		Remaining: res.Remaining,
 		Reset:     NextToken(res),
 	}
@@ -615,7 +623,8 @@ func (l *Limiter) blocked(q *request) bool {
 // bucket and the WithDelay queue (and the µs the store rounds up), where
 // no take can put it: a block, until its last Burst tokens refill.
 func (l *Limiter) inBlock(res store.Result) bool {
-	return res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
+	return res.Limit.Window == store.Bucket && // a window quota is never blocked
+		res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
 // strike counts a strike against q's subject, in the bucket "}<store key of
@@ -730,11 +739,17 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 		pol.hdr = newFieldCache(c.profile, name, limit)
 	}
 	if c.policy.kind == failLocal && l.local != nil {
-		// The same rate over n times the period: exactly 1/n of it.
+		// The same rate over n times the period: exactly 1/n of it; a
+		// window quota's share, 1/n of its count in the same windows.
 		pol.local = store.Limit{
 			Rate:   limit.Rate,
 			Period: limit.Period * time.Duration(c.policy.replicas),
 			Burst:  max(1, limit.Burst/c.policy.replicas),
+		}
+		if limit.Window != store.Bucket {
+			pol.local = limit
+			pol.local.Rate = max(1, limit.Rate/c.policy.replicas)
+			pol.local.Burst = pol.local.Rate
 		}
 		if err := pol.local.ValidateDelay(c.delay); err != nil {
 			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", c.policy.replicas, err)

@@ -190,13 +190,19 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 }
 
 // DefaultName is what a limiter's default name starts with: "<rate>-per-<period>",
-// plus "-burst-<burst>" when the burst differs from the rate, such as
+// plus "-burst-<burst>" when the burst differs from the rate (a window
+// quota's: "-fixed" or "-sliding"; a monthly one's is "<rate>-per-month"), such as
 // "100-per-1m" or "5-per-1s-burst-10". Unless [WithName] says otherwise, the
 // name is DefaultName, "@" and 8 hex digits naming where the limiter was made
 // (see [WithName]), such as "100-per-1m@9c1d02e7".
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
-	if limit.Burst != limit.Rate {
+	switch {
+	case limit.Window == store.Monthly:
+		name = strconv.Itoa(limit.Rate) + "-per-month"
+	case limit.Window != store.Bucket:
+		name += "-" + limit.Window.String()
+	case limit.Burst != limit.Rate:
 		name += "-burst-" + strconv.Itoa(limit.Burst)
 	}
 	return name
@@ -311,9 +317,13 @@ func gone(ctx context.Context) bool {
 }
 
 // NextToken returns the time until the bucket of res gains its next whole
-// token: 0 when it is full. It is the t of the RateLimit header.
+// token: 0 when it is full. It is the t of the RateLimit header. For a window
+// quota, it is res.Next: when its count next falls.
 func NextToken(res store.Result) time.Duration {
 	lim := res.Limit
+	if lim.Window != store.Bucket {
+		return res.Next // when the quota's count next falls
+	}
 	missing := lim.Burst - res.Remaining // whole tokens short of full
 	if missing <= 0 || res.ResetAfter <= 0 || lim.Rate <= 0 {
 		return 0

@@ -132,6 +132,10 @@ type Result struct {
 	RetryAfter time.Duration // denied: time until this cost can succeed; allowed: 0
 	ResetAfter time.Duration // time until the bucket is full again
 	Delay      time.Duration // allowed ahead of its tokens (see Delayer): the time until they are due
+	// Next is a window quota's time until its count next falls (more quota,
+	// the t of the RateLimit header): 0 if nothing is counted. A token
+	// bucket's is middleware.NextToken.
+	Next time.Duration
 }
 
 // Store decides token-bucket limits; implementations are safe for concurrent

@@ -200,7 +200,7 @@ func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	switch {
 	case p.l.Window != Sliding:
 		if v.cur > 0 {
-			res.ResetAfter = micros(left)
+			res.ResetAfter, res.Next = micros(left), micros(left)
 		}
 		if !allowed && !fits {
 			res.RetryAfter = micros(left)
@@ -210,6 +210,11 @@ func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 		res.ResetAfter = micros(left + decayed(v.cur, 0, length))
 	default:
 		res.ResetAfter = micros(max(decayed(v.prev, 0, length)-elapsed, 0))
+	}
+	if w := p.count(v) - v.cur; w > 0 { // the previous window's share falls first
+		res.Next = micros(decayed(v.prev, w-1, length) - elapsed)
+	} else if v.cur > 0 { // then, in the next window, this one's
+		res.Next = micros(left + decayed(v.cur, v.cur-1, length))
 	}
 	if !allowed && !fits {
 		if m := n - v.cur - k; m >= 0 { // within this window, as the previous one's share shrinks
@@ -227,4 +232,15 @@ func decayed(c, m, w int64) int64 {
 		return 0
 	}
 	return w - ceilDiv((m+1)*w, c) + 1
+}
+
+// WindowAt returns the window of a window quota l that holds t: [start, end).
+// A token bucket, or an invalid l, has none: both are t.
+func (l Limit) WindowAt(t time.Time) (start, end time.Time) {
+	p, err := newParams(l)
+	if err != nil || p.spec == "" {
+		return t, t
+	}
+	b := p.bounds(t.UnixMicro())
+	return time.UnixMicro(b[1]).In(t.Location()), time.UnixMicro(b[2]).In(t.Location())
 }

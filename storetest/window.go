@@ -112,7 +112,7 @@ func calendar(t *testing.T, h Harness) {
 			}
 			r, err := st.Take(ctx, key, c.limit, step.cost)
 			if err != nil || r.Allowed != step.allowed || r.Remaining != step.remaining ||
-				r.RetryAfter != step.retry || r.ResetAfter != step.reset || r.Limit != c.limit {
+				r.RetryAfter != step.retry || r.ResetAfter != step.reset || r.Next != step.reset || r.Limit != c.limit {
 				t.Errorf("%s step %d: Take(%d) at %v = %+v, %v; want allowed %v, %d left, retry %v, reset %v",
 					c.name, i, step.cost, h.Now(), r, err, step.allowed, step.remaining, step.retry, step.reset)
 			}
@@ -144,23 +144,31 @@ func sliding(t *testing.T, h Harness) {
 	count := func(cur int, e time.Duration) int { return cur + int(int64(prev)*int64(w-e)/int64(w)) }
 	// retry is the first µs at which cost fits e into the window, in it or
 	// the next, by a binary search: the count only falls as time passes.
-	retry := func(cur, cost int, e time.Duration) time.Duration {
-		fitsAt := func(d time.Duration) bool {
+	first := func(cur int, e time.Duration, ok func(count int) bool) time.Duration {
+		at := func(d time.Duration) int { // the count d after e
 			if x := e + d; x < w {
-				return count(cur, x)+cost <= n
+				return count(cur, x)
 			} else {
-				return int(int64(cur)*int64(2*w-x)/int64(w))+cost <= n
+				return int(int64(cur) * int64(2*w-x) / int64(w))
 			}
 		}
 		lo, hi := time.Duration(0), 2*w
 		for lo < hi {
-			if mid := (lo + hi) / 2 / time.Microsecond * time.Microsecond; fitsAt(mid) {
+			if mid := (lo + hi) / 2 / time.Microsecond * time.Microsecond; ok(at(mid)) {
 				hi = mid
 			} else {
 				lo = mid + time.Microsecond
 			}
 		}
 		return lo
+	}
+	retry := func(cur, cost int, e time.Duration) time.Duration {
+		return first(cur, e, func(c int) bool { return c+cost <= n })
+	}
+	// next is when the count first falls below its value e into the window.
+	next := func(cur int, e time.Duration) time.Duration {
+		c := count(cur, e)
+		return first(cur, e, func(x int) bool { return x < c })
 	}
 	cur, cost := 0, 15
 	for i, f := range []float64{0, 0.07, 0.19, 0.33, 0.41, 0.55, 0.625, 0.777, 0.88, 0.99} {
@@ -173,6 +181,9 @@ func sliding(t *testing.T, h Harness) {
 		e1 := elapsed()
 		if err != nil || r.Remaining < n-count(cur, e0) || r.Remaining > n-count(cur, e1) {
 			t.Errorf("point %d (%v into the window): read = %+v, %v; want %d to %d left", i, e0, r, err, n-count(cur, e0), n-count(cur, e1))
+		}
+		if count(cur, e0) == count(cur, e1) && (r.Next > next(cur, e0) || r.Next < next(cur, e1)) {
+			t.Errorf("point %d: read = %+v; want Next %v to %v, when the count falls", i, r, next(cur, e1), next(cur, e0))
 		}
 		e0 = elapsed()
 		r, err = st.Take(ctx, key, lim, cost)

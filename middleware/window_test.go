@@ -1,0 +1,123 @@
+package middleware_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/middleware"
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// secondsNear reports whether the header value v is d in whole seconds,
+// rounded up, or a second less (the clock ticks between the two readings).
+func secondsNear(v string, d time.Duration) bool {
+	n, err := strconv.ParseInt(v, 10, 64)
+	want := int64((d + time.Second - 1) / time.Second)
+	return err == nil && (n == want || n == want-1)
+}
+
+// A token bucket and a daily quota on each user, through the one engine on
+// every store: the quota's headers state it (q/w of the day, t until UTC
+// midnight), its 429 says to come back then, and a denial by either takes
+// nothing from the other.
+func TestWindowQuotaThroughMiddleware(t *testing.T) {
+	if until := time.Until(time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)); until < 10*time.Second {
+		time.Sleep(until + 100*time.Millisecond) // not across a UTC midnight
+	}
+	multiStores(t, func(t *testing.T, s store.Store) {
+		daily := store.PerDayIn(5, nil)
+		m, err := middleware.NewMulti(s, []middleware.Policy{
+			{Name: "rate", Limit: store.Limit{Rate: 1, Period: time.Hour, Burst: 7}},
+			{Name: "daily", Limit: daily},
+		}, middleware.WithKeyFunc(userKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := m.Handler(okHandlerFunc)
+		midnight := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+		for i := range 5 {
+			w := serveUser(h, "ann")
+			if w.Code != 200 {
+				t.Fatalf("request %d: status %d", i, w.Code)
+			}
+			if i > 0 {
+				continue
+			}
+			if p := w.Header().Get("RateLimit-Policy"); !strings.Contains(p, `"daily";q=5;w=86400`) {
+				t.Errorf("RateLimit-Policy = %q; want the daily quota's q=5;w=86400", p)
+			}
+			rl := w.Header().Get("RateLimit")
+			_, item, _ := strings.Cut(rl, `"daily";r=4;t=`)
+			if !secondsNear(item, time.Until(midnight)) {
+				t.Errorf("RateLimit = %q; want the daily quota's r=4 and t until midnight, %v", rl, time.Until(midnight))
+			}
+		}
+		w := serveUser(h, "ann")
+		if w.Code != 429 || !secondsNear(w.Header().Get("Retry-After"), time.Until(midnight)) {
+			t.Errorf("past the quota: %d, Retry-After %q; want 429 until midnight (%v)", w.Code, w.Header().Get("Retry-After"), time.Until(midnight))
+		}
+		ctx := context.Background()
+		if r, err := s.Take(ctx, "rate:{user:ann}", store.Limit{Rate: 1, Period: time.Hour, Burst: 7}, 0); err != nil || r.Remaining != 2 {
+			t.Errorf("bucket after the quota's denial = %+v, %v; want 2 left: nothing taken", r, err)
+		}
+		// The bucket runs out first: the quota keeps what it had.
+		m2, err := middleware.NewMulti(s, []middleware.Policy{
+			{Name: "tight", Limit: store.Limit{Rate: 1, Period: time.Hour, Burst: 2}},
+			{Name: "daily", Limit: daily},
+		}, middleware.WithKeyFunc(userKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h2 := m2.Handler(okHandlerFunc)
+		codes := []int{serveUser(h2, "cy").Code, serveUser(h2, "cy").Code, serveUser(h2, "cy").Code}
+		if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+			t.Errorf("statuses %v; want 200, 200, 429 (the bucket of 2)", codes)
+		}
+		if r, err := s.Take(ctx, "daily:{user:cy}", daily, 0); err != nil || r.Remaining != 3 {
+			t.Errorf("quota after the bucket's denial = %+v, %v; want 3 left: nothing taken", r, err)
+		}
+	})
+}
+
+// A sliding window and a monthly quota alone, and the options that have no
+// meaning for a quota refused by New.
+func TestWindowQuotaLimiter(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	lim, err := middleware.New(m, store.SlidingWindow(3, time.Minute), middleware.WithKeyFunc(userKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lim.Handler(okHandlerFunc)
+	for i := range 3 {
+		if w := serveUser(h, "dee"); w.Code != 200 || !strings.HasSuffix(w.Header().Get("RateLimit-Policy"), ";q=3;w=60") {
+			t.Fatalf("request %d: %d, RateLimit-Policy %q; want 200 with q=3;w=60", i, w.Code, w.Header().Get("RateLimit-Policy"))
+		}
+	}
+	if w := serveUser(h, "dee"); w.Code != 429 || w.Header().Get("Retry-After") == "" || w.Header().Get("Retry-After") == "0" {
+		t.Errorf("fourth request: %d, Retry-After %q; want 429 and a wait", w.Code, w.Header().Get("Retry-After"))
+	}
+	monthly, err := middleware.New(m, store.PerMonthIn(100, nil), middleware.WithKeyFunc(userKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, end := store.PerMonthIn(100, nil).WindowAt(time.Now())
+	w := serveUser(monthly.Handler(okHandlerFunc), "eve")
+	if want := ";q=100;w=" + strconv.Itoa(int(end.Sub(start)/time.Second)); w.Code != 200 || !strings.HasSuffix(w.Header().Get("RateLimit-Policy"), want) {
+		t.Errorf("monthly: %d, RateLimit-Policy %q; want 200 and %q: this month's length", w.Code, w.Header().Get("RateLimit-Policy"), want)
+	}
+	if a, b := middleware.DefaultName(store.FixedWindow(5, time.Hour)), middleware.DefaultName(store.PerHour(5)); a == b {
+		t.Errorf("a quota and a bucket of one rate share the default name %q", a)
+	}
+	for name, opt := range map[string]middleware.Option{
+		"WithDelay":   middleware.WithDelay(time.Second),
+		"WithPenalty": middleware.WithPenalty(middleware.Penalty{Strikes: 5, Within: time.Minute, Block: 15 * time.Minute}),
+	} {
+		if _, err := middleware.New(m, store.PerDayIn(5, nil), opt); err == nil || !strings.Contains(err.Error(), "token bucket") {
+			t.Errorf("New with a daily quota and %s: %v; want an error naming token buckets", name, err)
+		}
+	}
+}
