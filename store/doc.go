@@ -14,4 +14,8 @@
 // most Burst + Rate·T, however many goroutines share it. Both implement
 // [MultiStore] (TakeAll, all or nothing) and [Refunder]; a bucket exists only
 // while not full, and no key can blow up memory (see [Redis.Key] and [Memory]).
+//
+// A Limit with a [Window] is a quota counted in windows instead: fixed
+// windows from the epoch or from each midnight of a [time.Location],
+// calendar months, or a sliding-window counter, with the same rules.
 package store

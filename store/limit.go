@@ -71,8 +71,11 @@ func (l Limit) ValidateBlock(d time.Duration) error {
 // The middleware uses it for a penalty box (middleware.WithPenalty); an admin
 // handler of the app's, behind the app's own authentication, for the rest.
 type Admin interface {
-	// Reset forgets the bucket named key, under every limit: it is full.
-	Reset(ctx context.Context, key string) error
+	// Reset forgets the bucket named key, under every token-bucket limit:
+	// it is full; and key's count under each window quota of quotas (a
+	// quota keeps its count apart: see [Window]). An invalid quota is an
+	// error, and nothing is reset.
+	Reset(ctx context.Context, key string, quotas ...Limit) error
 	// Block makes key's bucket under limit refuse every Take of a cost
 	// above 0 for d on top of its debt, then refill at the rate; Reset ends
 	// it (but not a denial a limiter's deny cache holds: see

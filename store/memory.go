@@ -176,7 +176,7 @@ func (m *Memory) take(key string, k id, limit Limit, n int, maxDelay time.Durati
 	}
 	switch {
 	case err == nil && p.spec != "": // a window quota's state has an id of its own
-		m.decideWindow(&res, id{k[0] ^ maphash.String(m.seeds[1], p.spec), k[1] ^ maphash.String(m.seeds[0], p.spec)}, p, u)
+		m.decideWindow(&res, m.windowID(k, p), p, u)
 	case err == nil:
 		m.decide(&res, k, p, u)
 	}
@@ -184,17 +184,33 @@ func (m *Memory) take(key string, k id, limit Limit, n int, maxDelay time.Durati
 }
 
 // Reset implements [Admin].
-func (m *Memory) Reset(_ context.Context, key string) error {
-	k := m.id(key)
-	sh := &m.shards[k[0]%shards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if bk := sh.buckets[k]; bk != nil {
-		bk.mu.Lock()
-		m.drop(sh, bk, m.now())
-		bk.mu.Unlock()
+func (m *Memory) Reset(_ context.Context, key string, quotas ...Limit) error {
+	ids := []id{m.id(key)}
+	for _, l := range quotas {
+		p, err := m.limits.get(l)
+		if err != nil {
+			return err
+		}
+		if p.spec != "" {
+			ids = append(ids, m.windowID(ids[0], p))
+		}
+	}
+	for _, k := range ids {
+		sh := &m.shards[k[0]%shards]
+		sh.mu.Lock()
+		if bk := sh.buckets[k]; bk != nil {
+			bk.mu.Lock()
+			m.drop(sh, bk, m.now())
+			bk.mu.Unlock()
+		}
+		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// windowID is the id of the state of window quota p on the key of id k.
+func (m *Memory) windowID(k id, p *params) id {
+	return id{k[0] ^ maphash.String(m.seeds[1], p.spec), k[1] ^ maphash.String(m.seeds[0], p.spec)}
 }
 
 // Block implements [Admin].
@@ -398,7 +414,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	var order []uint64
 	for i, q := range reqs {
 		if ids[i] = m.id(q.Key); ps[i].spec != "" {
-			ids[i] = id{ids[i][0] ^ maphash.String(m.seeds[1], ps[i].spec), ids[i][1] ^ maphash.String(m.seeds[0], ps[i].spec)}
+			ids[i] = m.windowID(ids[i], &ps[i])
 		}
 		if slices.Contains(ids[:i], ids[i]) { // keys differ (checkRequests): a 2^-128 chance
 			return nil, fmt.Errorf("store: take all: %w %q (the same id)", ErrDuplicateKey, q.Key)

@@ -164,11 +164,21 @@ func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Re
 	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1)
 }
 
-// Reset implements [Admin].
-func (r *Redis) Reset(ctx context.Context, key string) error {
+// Reset implements [Admin], in one DEL (the keys share key's hash tag).
+func (r *Redis) Reset(ctx context.Context, key string, quotas ...Limit) error {
+	keys := []string{r.Key(key)}
+	for _, l := range quotas {
+		p, err := r.limits.get(l)
+		if err != nil {
+			return err
+		}
+		if p.spec != "" {
+			keys = append(keys, r.key(key, p.spec))
+		}
+	}
 	err := errNilClient
 	if r.client != nil {
-		err = r.client.Del(ctx, r.Key(key)).Err()
+		err = r.client.Del(ctx, keys...).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("store: reset %q: %w", key, err)

@@ -21,8 +21,8 @@ var Goroutines = []int{2, 16, 64, 256}
 
 // Contention runs the exactness suite on the real clock: many goroutines
 // hammer one key, or 1,000, for d, through Take with costs 1 to 3, Take with
-// Refund interleaved, TakeAll (per user and global), and one key under two
-// Limits in turn, and no bucket may let through more than
+// Refund interleaved, TakeAll (per user and global), one key under two
+// Limits in turn, and window quotas, and no bucket may let through more than
 // [Allowance](limit, elapsed) tokens, net of refunds. newStore returns a
 // store on the real clock whose buckets no other test shares.
 func Contention(t *testing.T, newStore func(t *testing.T) store.Store, d time.Duration) {
@@ -34,6 +34,7 @@ func Contention(t *testing.T, newStore func(t *testing.T) store.Store, d time.Du
 			t.Run("Delayed", func(t *testing.T) { delayedRace(t, newStore(t), g, d) })
 			t.Run("ManyKeys", func(t *testing.T) { manyKeys(t, newStore(t), g, d) })
 			t.Run("TakeAll", func(t *testing.T) { takeAllRace(t, newStore(t), g, d) })
+			t.Run("Windows", func(t *testing.T) { windowsRace(t, newStore(t), g, d) })
 		})
 	}
 }
@@ -232,4 +233,62 @@ func takeAllRace(t *testing.T, st store.Store, g int, d time.Duration) {
 		shares = append(shares, check(t, users[i], userLim, counts[i].Load(), elapsed))
 	}
 	report(t, shares...)
+}
+
+// windowsRace: one key under two fixed quotas of one window (which share
+// its count), a sliding one, and a bucket and a fixed quota in one TakeAll,
+// in turn, costs 1 to 3: no quota lets through more than its count in
+// each window the run touched.
+func windowsRace(t *testing.T, st store.Store, g int, d time.Duration) {
+	ctx, key := context.Background(), Key(t)
+	w := 100 * time.Millisecond
+	small, large, sliding := store.FixedWindow(30, w), store.FixedWindow(50, w), store.SlidingWindow(40, w)
+	quota, bucket := store.FixedWindow(20, w), store.Limit{Rate: 100, Period: time.Second, Burst: 10}
+	ms, _ := st.(store.MultiStore)
+	var counts [5]atomic.Int64 // small, large, sliding, quota and bucket
+	start := time.Now()
+	elapsed, err := hammer(g, d, func(r *rand.Rand) error {
+		cost, i := 1+r.IntN(3), r.IntN(4)
+		if i == 3 {
+			if ms == nil {
+				return nil
+			}
+			res, err := ms.TakeAll(ctx, []store.Request{{Key: "{" + key + "}:q", Limit: quota, Cost: cost}, {Key: "{" + key + "}:b", Limit: bucket, Cost: cost}})
+			if err == nil && res[0].Allowed {
+				counts[3].Add(int64(cost))
+				counts[4].Add(int64(cost))
+			}
+			return err
+		}
+		res, err := st.Take(ctx, key, []store.Limit{small, large, sliding}[i], cost)
+		if err == nil && res.Allowed {
+			counts[i].Add(int64(cost))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	windows := int64(start.Add(elapsed).UnixMicro()/w.Microseconds() - start.UnixMicro()/w.Microseconds() + 1)
+	var shares []string
+	for _, c := range []struct {
+		name string
+		got  int64
+		max  int
+	}{
+		{"the smaller fixed quota", counts[0].Load(), small.Rate},
+		{"both fixed quotas of the key", counts[0].Load() + counts[1].Load(), large.Rate},
+		{"the sliding quota", counts[2].Load(), sliding.Rate},
+		{"the quota of a TakeAll", counts[3].Load(), quota.Rate},
+	} {
+		if c.got > int64(c.max)*windows {
+			t.Errorf("%s let %d through in %d windows; want at most %d each", c.name, c.got, windows, c.max)
+		}
+		shares = append(shares, fmt.Sprintf("%s %.3f×", c.name, float64(c.got)/float64(int64(c.max)*windows)))
+	}
+	t.Logf("exactness: of their counts per window, %v", shares)
+	check(t, "the bucket of a TakeAll", bucket, counts[4].Load(), elapsed)
+	if counts[0].Load()+counts[2].Load() == 0 {
+		t.Errorf("nothing let through in %v", elapsed)
+	}
 }

@@ -215,22 +215,22 @@ func realMidnight(t *testing.T, h Harness) {
 	st, key, ctx := h.New(t), Key(t), context.Background()
 	// take returns a Take's result and the time until end before it: the
 	// store's answer lies between that and the slack less.
-	take := func(end time.Time) (store.Result, error, time.Duration) {
+	take := func(end time.Time) (store.Result, time.Duration, error) {
 		before := time.Until(end)
 		r, err := st.Take(ctx, key, lim, 1)
-		return r, err, before
+		return r, before, err
 	}
 	near := func(got, want time.Duration) bool { return got <= want+time.Millisecond && got >= want-h.Slack }
 	for i := range 2 {
-		if r, err, want := take(midnight); err != nil || !r.Allowed || r.Remaining != 1-i || !near(r.ResetAfter, want) {
+		if r, want, err := take(midnight); err != nil || !r.Allowed || r.Remaining != 1-i || !near(r.ResetAfter, want) {
 			t.Fatalf("Take %d before midnight = %+v, %v; want allowed, %d left, reset %v", i, r, err, 1-i, want)
 		}
 	}
-	if r, err, want := take(midnight); err != nil || r.Allowed || !near(r.RetryAfter, want) {
+	if r, want, err := take(midnight); err != nil || r.Allowed || !near(r.RetryAfter, want) {
 		t.Fatalf("third Take = %+v, %v; want denied for %v, until midnight", r, err, want)
 	}
 	time.Sleep(time.Until(midnight) + 50*ms)
-	if r, err, want := take(midnight.Add(23 * time.Hour)); err != nil || !r.Allowed || r.Remaining != 1 || !near(r.ResetAfter, want) {
+	if r, want, err := take(midnight.Add(23 * time.Hour)); err != nil || !r.Allowed || r.Remaining != 1 || !near(r.ResetAfter, want) {
 		t.Errorf("Take after midnight = %+v, %v; want allowed, 1 left, reset in %v: a day of 23 hours", r, err, want)
 	}
 }
@@ -329,6 +329,34 @@ func windowRefund(t *testing.T, h Harness) {
 	}
 	if r, err := rf.Refund(ctx, key, lim, 5); err != nil || r.Remaining != 5 || r.ResetAfter != 0 {
 		t.Errorf("Refund(5) = %+v, %v; want 5 left, none counted", r, err)
+	}
+	a, ok := st.(store.Admin)
+	if !ok {
+		return
+	}
+	// Reset: of the bucket alone, then of the quotas named too.
+	sliding := store.SlidingWindow(3, time.Hour)
+	for _, l := range []store.Limit{lim, sliding, store.PerHour(1)} {
+		if r, err := st.Take(ctx, key, l, l.Burst); err != nil || !r.Allowed {
+			t.Fatalf("Take(%d) under %v = %+v, %v", l.Burst, l, r, err)
+		}
+	}
+	if err := a.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if n := remaining(t, st, key, lim); n != 0 {
+		t.Errorf("a quota after Reset of the key alone holds %d; want 0: Reset names its quotas", n)
+	}
+	if err := a.Reset(ctx, key, lim, sliding, store.FixedWindow(0, time.Hour)); !errors.Is(err, store.ErrInvalidLimit) {
+		t.Errorf("Reset with an invalid quota = %v; want ErrInvalidLimit", err)
+	}
+	if err := a.Reset(ctx, key, lim, sliding); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []store.Limit{lim, sliding, store.PerHour(1)} {
+		if n := remaining(t, st, key, l); n != l.Burst {
+			t.Errorf("%v after Reset holds %d; want %d", l, n, l.Burst)
+		}
 	}
 }
 

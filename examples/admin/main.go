@@ -2,7 +2,7 @@
 // port, the operator endpoints of its buckets:
 //
 //	GET    /buckets/{subject}              what the bucket holds (store.Inspect)
-//	DELETE /buckets/{subject}              reset it: full again (store.Admin)
+//	DELETE /buckets/{subject}              reset it: full again, a quota's count gone (store.Admin)
 //	POST   /buckets/{subject}?block=10m    refuse the subject for 10 minutes
 //
 // where subject is what the limiter's key function returns, such as
@@ -52,7 +52,7 @@ func adminHandler(st Store, lim *middleware.Limiter) http.Handler {
 		})
 	})
 	mux.HandleFunc("DELETE /buckets/{subject...}", func(w http.ResponseWriter, r *http.Request) {
-		if err := st.Reset(r.Context(), lim.StoreKey(r.PathValue("subject"))); err != nil {
+		if err := st.Reset(r.Context(), lim.StoreKey(r.PathValue("subject")), lim.Limit()); err != nil { // a quota's count too
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}

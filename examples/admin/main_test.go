@@ -64,3 +64,52 @@ func TestAdmin(t *testing.T) {
 		})
 	}
 }
+
+// A daily quota through the same endpoints: read its count, reset it (a
+// block is a token bucket's: 400).
+func TestAdminQuota(t *testing.T) {
+	m := store.NewMemory()
+	t.Cleanup(func() { m.Close() })
+	for name, st := range map[string]Store{
+		"memory": m,
+		"redis":  store.NewRedis(redistest.Server(t).Client(t), store.WithKeyPrefix(t.Name()+":")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			lim, err := middleware.New(st, store.PerDayIn(5, nil), middleware.WithName("daily"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			api := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+			adm := adminHandler(st, lim)
+			call := func(h http.Handler, method, path string) *httptest.ResponseRecorder {
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(method, path, nil)
+				r.RemoteAddr = "192.0.2.8:1234"
+				h.ServeHTTP(w, r)
+				return w
+			}
+			for range 5 {
+				call(api, "GET", "/")
+			}
+			if w := call(api, "GET", "/"); w.Code != http.StatusTooManyRequests {
+				t.Fatalf("past the quota: %d, want 429", w.Code)
+			}
+			var got struct {
+				Remaining int
+				Allowed   bool
+			}
+			if w := call(adm, "GET", "/buckets/ip:192.0.2.8"); w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &got) != nil || got.Remaining != 0 || got.Allowed {
+				t.Errorf("GET: %d %s; want 0 remaining, not allowed", w.Code, w.Body)
+			}
+			if w := call(adm, "POST", "/buckets/ip:192.0.2.8?block=10m"); w.Code != http.StatusBadRequest {
+				t.Errorf("POST block of a quota: %d %s; want 400", w.Code, w.Body)
+			}
+			if w := call(adm, "DELETE", "/buckets/ip:192.0.2.8"); w.Code != http.StatusNoContent {
+				t.Errorf("DELETE: %d %s", w.Code, w.Body)
+			}
+			if w := call(api, "GET", "/"); w.Code != http.StatusOK {
+				t.Errorf("after the reset: %d, want 200: the quota's count is gone", w.Code)
+			}
+		})
+	}
+}
