@@ -2,14 +2,27 @@ package middleware_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/middleware"
 	"github.com/tollgate-go/tollgate/store"
 )
+
+// awayFromMidnight waits out the last seconds of a UTC day, so that a test
+// of a daily quota does not cross into the next.
+func awayFromMidnight() {
+	if until := time.Until(time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)); until < 10*time.Second {
+		time.Sleep(until + 100*time.Millisecond)
+	}
+}
 
 // secondsNear reports whether the header value v is d in whole seconds,
 // rounded up, or a second less (the clock ticks between the two readings).
@@ -24,9 +37,7 @@ func secondsNear(v string, d time.Duration) bool {
 // midnight), its 429 says to come back then, and a denial by either takes
 // nothing from the other.
 func TestWindowQuotaThroughMiddleware(t *testing.T) {
-	if until := time.Until(time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)); until < 10*time.Second {
-		time.Sleep(until + 100*time.Millisecond) // not across a UTC midnight
-	}
+	awayFromMidnight()
 	multiStores(t, func(t *testing.T, s store.Store) {
 		daily := store.PerDayIn(5, nil)
 		m, err := middleware.NewMulti(s, []middleware.Policy{
@@ -118,6 +129,47 @@ func TestWindowQuotaLimiter(t *testing.T) {
 	} {
 		if _, err := middleware.New(m, store.PerDayIn(5, nil), opt); err == nil || !strings.Contains(err.Error(), "token bucket") {
 			t.Errorf("New with a daily quota and %s: %v; want an error naming token buckets", name, err)
+		}
+	}
+}
+
+// With Redis hung, FailLocal holds a daily quota to its share on each of 4
+// instances, in the same day, and its headers say so.
+func TestFailLocalQuotaShare(t *testing.T) {
+	awayFromMidnight()
+	addr := redistest.HangingAddr(t)
+	daily := store.PerDayIn(40, nil)
+	for instance := range 4 {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		l, err := middleware.New(store.NewRedis(rdb), daily, middleware.WithName("daily"),
+			middleware.WithFailurePolicy(middleware.FailLocalShare(4)),
+			middleware.WithTimeout(20*time.Millisecond), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := l.Handler(okHandlerFunc)
+		allowed := 0
+		var last *httptest.ResponseRecorder
+		for range 20 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			if w.Code == 200 {
+				allowed++
+			} else {
+				last = w
+			}
+		}
+		if allowed != 10 || last == nil {
+			t.Fatalf("instance %d: allowed %d of 20; want 10 (40/4)", instance, allowed)
+		}
+		if got := last.Header().Get("RateLimit-Policy"); got != `"daily";q=10;w=86400` {
+			t.Errorf("RateLimit-Policy during FailLocal %q; want the local share of the day", got)
+		}
+		midnight := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+		if !secondsNear(last.Header().Get("Retry-After"), time.Until(midnight)) {
+			t.Errorf("Retry-After %q; want until midnight, %v", last.Header().Get("Retry-After"), time.Until(midnight))
 		}
 	}
 }
