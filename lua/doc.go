@@ -39,9 +39,13 @@
 // the one holding Redis's now (the first or the last if none does, now moved
 // into it). A fixed window's count is cur; a sliding one's, cur plus
 // floor(prev*(end-now)/(end-start)) of the window before it (exact while
-// quota*(end-start) <= 2^50). k fits when k <= 0 or count + k <= quota; then
-// (all fitting) cur becomes max(cur + k, 0). The key's reply is three
-// integers, now (moved into its window), prev and cur, after the call.
+// quota*(end-start) <= 2^50). A state of a later window than now's (a clock
+// gone back) is decided in that window, at its start. k fits when k <= 0 or
+// count + k <= quota; then (all fitting) cur becomes max(cur + k, 0), but a
+// negative k applies only in the window [b1, b2): the caller puts there the
+// window of the take it gives back. A state is written only if cur changed.
+// The key's reply is three integers, now (moved into its window), prev and
+// cur, after the call.
 //
 // # State
 //
@@ -50,7 +54,7 @@
 // limit on the key (its fraction, in another q, rounded up) hands tokens back.
 // Every write sets the key's expiry to the time until the bucket is full, so no
 // key lives without a TTL; a full bucket is deleted. A window quota's value is
-// "<start>:<prev>:<cur>", its expiry the end of its window (a sliding one's, a
-// window later); a state of a later window than now's counts as now's. A value that is not a state
+// "<start>:<prev>:<cur>", its expiry the end of its window from Redis's now (a
+// sliding one's, a window later). A value that is not a state
 // reads as a full bucket; arguments out of range get an "ERR tollgate:" reply.
 package lua

@@ -57,10 +57,10 @@ for i = 1, n do
         and b[1] < b[2] and b[2] < b[3] and b[3] < b[4]) then
       return redis.error_reply('ERR tollgate: invalid window bounds')
     end
-    local s, e = b[1], b[2]
+    local s, e, mid = b[1], b[2], false
     for w = 2, 3 do
       if now >= b[w] then
-        s, e = b[w], b[w + 1]
+        s, e, mid = b[w], b[w + 1], w == 2
       end
     end
     local tn = math.min(math.max(now, s), e - 1)
@@ -68,11 +68,19 @@ for i = 1, n do
     if v then
       local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
       a, p, c = tonumber(a), tonumber(p), tonumber(c)
-      if a and a >= s then -- a later window's (a clock gone back) counts as this one's
+      for w = 2, 3 do -- a later window's state (a clock gone back): decided there, at its start
+        if a and a > s and a == b[w] then
+          s, e, tn, mid = b[w], b[w + 1], b[w], w == 2
+        end
+      end
+      if a and a >= s then -- a later window's counts as this one's
         prev, cur, start = p, c, a
       elseif a and q == -1 and a == s - (e - s) then
         prev = c
       end
+    end
+    if k < 0 and not mid then -- a refund, only in the window of its take
+      k = 0
     end
     local count = cur
     if q == -1 and prev > 0 then
@@ -96,14 +104,18 @@ for i = 1, n do
   if q < 1 then
     local w = wins[i]
     local tn, prev, cur = du, df, w[3]
-    if all and k ~= 0 then
+    if all then
       cur = math.max(cur + k, 0)
-      local ttl = w[2] - tn
+    end
+    if q ~= -1 then
+      prev = 0
+    end
+    if cur ~= w[3] then -- written only if changed, its TTL from the clock's reading
+      local ttl = w[2] - now
       if q == -1 then
         ttl = ttl + w[2] - w[1]
-      else
-        prev = 0
       end
+      ttl = math.max(ttl, 1)
       redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[4], prev, cur),
         'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
     end

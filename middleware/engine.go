@@ -51,9 +51,10 @@ type request struct {
 	res      []store.Result
 	refund   []string // the store keys, kept past the request, for WithRefund
 	latency  time.Duration
-	local    bool // decided in process (deny cache, FailLocal)
-	failed   bool // the store failed: the failure policy decided
-	late     bool // admitted to wait, refused for the server's deadline
+	local    bool      // decided in process (deny cache, FailLocal)
+	failed   bool      // the store failed: the failure policy decided
+	late     bool      // admitted to wait, refused for the server's deadline
+	at       time.Time // when decided, for WithRefund: a quota's count goes back only in its window
 }
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
@@ -151,6 +152,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		for i := range p.policies {
 			q.refund = append(q.refund, string(q.keyOf(i)))
 		}
+		q.at = time.Now()
 	}
 	var start time.Time
 	if c.observer != nil {
@@ -533,7 +535,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 // quota turns pol's store result into what the headers report.
 func quota(pol *policy, res store.Result) headers.Quota {
 	window := res.Limit.Period
-	if res.Limit.Window == store.Monthly { // this month's length
+	if res.Limit.Window == store.Monthly || res.Limit.Location != nil { // this window's length: a month's, a day of 23 hours
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
 	}
@@ -695,7 +697,14 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
+	now := time.Now()
 	for i, key := range keys {
+		if lim := q.p.policies[i].limit; lim.Window != store.Bucket {
+			took, _ := lim.WindowAt(q.at)
+			if start, _ := lim.WindowAt(now); !took.Equal(start) {
+				continue // its window has ended: a count back in the next would loosen it
+			}
+		}
 		if key == "" { // not to be given back
 			continue
 		}

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -170,6 +171,54 @@ func TestFailLocalQuotaShare(t *testing.T) {
 		midnight := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 		if !secondsNear(last.Header().Get("Retry-After"), time.Until(midnight)) {
 			t.Errorf("Retry-After %q; want until midnight, %v", last.Header().Get("Retry-After"), time.Until(midnight))
+		}
+	}
+}
+
+// A refund of a request served across its window's end does not reach into
+// the next window: two others filled it, and a third is refused.
+func TestWindowRefundStaysInItsWindow(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	var second time.Time // the start of the next whole second, the next window
+	lim, err := middleware.New(m, store.FixedWindow(2, time.Second), middleware.WithKeyFunc(userKey),
+		middleware.WithRefund(func(_ *http.Request, status int) bool { return status >= 500 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Slow") != "" {
+			time.Sleep(time.Until(second.Add(300 * time.Millisecond)))
+			w.WriteHeader(http.StatusInternalServerError) // to be refunded
+		}
+	}))
+	// attempt reports whether the steps kept to their window (a loaded
+	// machine may not), and judges the third request if they did.
+	attempt := func(user string) bool {
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
+		second = time.Now().Truncate(time.Second).Add(time.Second)
+		done := make(chan int)
+		go func() { done <- serveUser(h, user, "X-Slow", "1").Code }()
+		time.Sleep(time.Until(second.Add(100 * time.Millisecond)))
+		for i := range 2 {
+			if w := serveUser(h, user); w.Code != 200 {
+				t.Fatalf("request %d of the next window: %d", i, w.Code)
+			}
+		}
+		if code := <-done; code != 500 {
+			t.Fatalf("the slow request: %d", code)
+		}
+		if time.Since(second) > 900*time.Millisecond {
+			return false
+		}
+		if w := serveUser(h, user); w.Code != 429 {
+			t.Errorf("third request of the window after a refund from the one before: %d; want 429", w.Code)
+		}
+		return time.Since(second) < time.Second
+	}
+	for i := 0; !attempt("fay" + strconv.Itoa(i)); i++ {
+		if i == 4 {
+			t.Fatal("5 attempts did not keep to their windows")
 		}
 	}
 }

@@ -428,6 +428,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	slices.Sort(order) // the order of locking
 	held := make([]*shard, len(order))
 	now := m.now()
+	clock := now // a window quota's instant: windows are not dropped early
 	for i, n := range order {
 		held[i] = &m.shards[n]
 		held[i].mu.Lock()
@@ -453,7 +454,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			}
 		}
 		if p.spec != "" {
-			d.v = m.view(p, d.w, now)
+			d.v = m.view(p, d.w, clock)
 			_, _, fits, _ := p.decideWindow(d.w, d.v, d.k)
 			all = all && fits
 		} else {

@@ -25,7 +25,8 @@ type MultiStore interface {
 	// and returns a Result per request, in order, all with the same Allowed. When
 	// denied, each describes its bucket as it stands, RetryAfter until it holds
 	// its cost (0 if it had room: the largest is when all could pass). An invalid
-	// limit or cost, or a repeated key, is an error and takes nothing.
+	// limit or cost, or a repeated key (of one kind: a bucket and a window
+	// quota on a key are apart), is an error and takes nothing.
 	TakeAll(ctx context.Context, reqs []Request) ([]Result, error)
 }
 
@@ -34,6 +35,9 @@ type MultiStore interface {
 type Refunder interface {
 	// Refund gives tokens (0 <= tokens <= limit.Burst) back to the bucket named
 	// key, never above capacity, and returns it as it then stands (Allowed true).
+	// A window quota's count goes back in the window current when Refund
+	// runs (on Redis, the one both clocks agree on, else nothing): give back
+	// only what a Take of that window counted, as the middleware does.
 	Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error)
 }
 
@@ -51,8 +55,8 @@ func checkRequests(reqs []Request, lc *limitCache) ([]params, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, o := range reqs[:i] {
-			if o.Key == q.Key {
+		for j, o := range reqs[:i] {
+			if o.Key == q.Key && ps[j].spec == ps[i].spec { // a bucket and a quota on a key are apart
 				return nil, fmt.Errorf("store: take all: %w %q", ErrDuplicateKey, q.Key)
 			}
 		}

@@ -282,7 +282,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	for gi, g := range groups {
 		allowed, err := r.group(ctx, reqs, ps, g, 1, debts)
 		if err != nil {
-			r.giveBack(ctx, reqs, ps, groups[:gi])
+			r.giveBack(ctx, reqs, ps, debts, groups[:gi])
 			return nil, err
 		}
 		for _, i := range g {
@@ -292,7 +292,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			continue
 		}
 		// Denied: give back what earlier groups took, read the rest. The denial stands.
-		r.giveBack(ctx, reqs, ps, groups[:gi])
+		r.giveBack(ctx, reqs, ps, debts, groups[:gi])
 		for _, g := range groups[:gi] {
 			for _, i := range g {
 				ps[i].fillFrom(&out[i], debts[3*i:], k(i), k(i), false)
@@ -339,8 +339,10 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		}
 		c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
 		if ps[i].spec != "" {
-			b := ps[i].bounds(r.clock().UnixMicro())
-			ps[i].b = b
+			if ps[i].b == [4]int64{} { // unless pinned to a take's window (giveBack)
+				ps[i].b = ps[i].bounds(r.clock().UnixMicro())
+			}
+			b := ps[i].b
 			c.args = append(c.args, b[0], b[1], b[2], b[3])
 		}
 	}
@@ -359,13 +361,22 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 	return allowed, nil
 }
 
-// giveBack refunds what the groups taken took, on another goroutine, each call
-// within 100 ms (even after ctx ends), waiting while ctx lasts.
-func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, taken [][]int) {
+// giveBack refunds what the groups taken took (debts: their replies), on
+// another goroutine, each call within 100 ms (even after ctx ends), waiting
+// while ctx lasts. A window quota's count goes back only in its take's window.
+func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts []int64, taken [][]int) {
 	if len(taken) == 0 {
 		return
 	}
-	reqs = slices.Clone(reqs) // the caller may reuse its slice once TakeAll returns
+	reqs, ps = slices.Clone(reqs), slices.Clone(ps) // the caller may reuse reqs once TakeAll returns
+	for _, g := range taken {
+		for _, i := range g {
+			if ps[i].spec != "" { // the take's window, the middle one
+				v := pick(ps[i].b, debts[3*i])
+				ps[i].b = [4]int64{v.s - 1, v.s, v.e, v.e + 1}
+			}
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

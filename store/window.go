@@ -32,7 +32,10 @@ const (
 )
 
 func (w Window) String() string {
-	return [...]string{"bucket", "fixed", "sliding", "monthly"}[min(int(w), 3)]
+	if w > Monthly {
+		return "Window(" + strconv.Itoa(int(w)) + ")"
+	}
+	return [...]string{"bucket", "fixed", "sliding", "monthly"}[w]
 }
 
 // FixedWindow returns a quota of n per window of period from the Unix epoch.
@@ -88,8 +91,12 @@ func windowParams(l Limit) (*params, error) {
 	if l.Window == Monthly && p.loc == nil {
 		p.loc = time.UTC
 	}
-	if p.loc != nil {
+	if p.loc != nil { // its name and offsets: "Local" or an unnamed FixedZone is not one zone
 		p.spec += "@" + strconv.Quote(p.loc.String())
+		for _, mo := range []time.Month{time.January, time.July} {
+			_, off := time.Date(2025, mo, 1, 0, 0, 0, 0, p.loc).Zone()
+			p.spec += "," + strconv.Itoa(off)
+		}
 	}
 	return p, nil
 }
@@ -116,10 +123,9 @@ func (p *params) around(now int64) (s, e int64) {
 	t := time.UnixMicro(now).In(p.loc)
 	y, mo, d := t.Date()
 	if p.l.Window == Monthly {
-		return time.Date(y, mo, 1, 0, 0, 0, 0, p.loc).UnixMicro(), time.Date(y, mo+1, 1, 0, 0, 0, 0, p.loc).UnixMicro()
+		return midnight(y, mo, 1, p.loc), midnight(y, mo+1, 1, p.loc)
 	}
-	day := time.Date(y, mo, d, 0, 0, 0, 0, p.loc).UnixMicro()
-	next := time.Date(y, mo, d+1, 0, 0, 0, 0, p.loc).UnixMicro()
+	day, next := midnight(y, mo, d, p.loc), midnight(y, mo, d+1, p.loc)
 	last := (24*time.Hour).Microseconds()/p.period - 1 // the day's last window ends at the next midnight
 	i := min((now-day)/p.period, last)
 	if s, e = day+i*p.period, next; i < last {
@@ -128,18 +134,43 @@ func (p *params) around(now int64) (s, e int64) {
 	return s, e
 }
 
+// midnight returns the first instant of the local day (y, mo, d) in loc: in
+// a zone whose clocks skip 00:00 (a change at midnight, or a day skipped),
+// the change.
+func midnight(y int, mo time.Month, d int, loc *time.Location) int64 {
+	t := time.Date(y, mo, d, 0, 0, 0, 0, loc)
+	ty, tm, td := t.Date()
+	day, got := time.Date(y, mo, d, 0, 0, 0, 0, time.UTC), time.Date(ty, tm, td, 0, 0, 0, 0, time.UTC)
+	switch start, end := t.ZoneBounds(); {
+	case got.Before(day): // t is before the change, on the day before
+		t = end
+	case got.Equal(day) && t.Hour() != 0: // t is after the change
+		t = start
+	}
+	return t.UnixMicro()
+}
+
 // A win is a window quota's state: cur counted in the window from start,
 // prev in the one before it (a sliding window's; 0 for a fixed one).
 type win struct{ start, prev, cur int64 }
 
-// A winView is a window quota at an instant: now within [s, e), and counts.
-type winView struct{ now, s, e, prev, cur int64 }
+// A winView is a window quota at an instant: now within [s, e) (real: the
+// clock's reading), mid if that is b's middle window, and counts.
+type winView struct {
+	now, real, s, e, prev, cur int64
+	mid                        bool
+}
 
 // view picks among b the window holding now (the first or last if none
 // does, now moved into it) and reads w's counts in it. A state of a later
 // window (a clock gone back) counts as this one's: it may deny, never give back.
 func (p *params) view(w win, b [4]int64, now int64) winView {
 	v := pick(b, now)
+	for i := 1; i < 3 && w.start > v.s; i++ { // from a later window: decided there, at its start
+		if w.start == b[i] {
+			v.s, v.e, v.now, v.mid = b[i], b[i+1], b[i], i == 1
+		}
+	}
 	switch {
 	case w.start >= v.s:
 		v.prev, v.cur = w.prev, w.cur
@@ -151,9 +182,9 @@ func (p *params) view(w win, b [4]int64, now int64) winView {
 
 // pick returns the window of b holding now, with no counts.
 func pick(b [4]int64, now int64) winView {
-	v := winView{s: b[0], e: b[1]}
+	v := winView{real: now, s: b[0], e: b[1]}
 	for i := 1; i < 3 && now >= b[i]; i++ {
-		v.s, v.e = b[i], b[i+1]
+		v.s, v.e, v.mid = b[i], b[i+1], i == 1
 	}
 	v.now = min(max(now, v.s), v.e-1)
 	return v
@@ -168,26 +199,32 @@ func (p *params) count(v winView) int64 {
 	return v.cur + v.prev*(v.e-v.now)/(v.e-v.s)
 }
 
-// decideWindow adds k counts (k < 0: gives back, not below 0) to v if they
-// fit, and returns v and the state to write after it (changed false: none).
+// decideWindow adds k counts to v if they fit, and returns v and the state
+// to write after it (changed false: none). A k < 0 gives back, not below 0,
+// only in b's middle window, which the caller makes the window of the take.
 func (p *params) decideWindow(w win, v winView, k int64) (after winView, next win, allowed, changed bool) {
 	if k > 0 && p.count(v)+k > p.cap {
 		return v, w, false, false
 	}
-	v.cur = max(v.cur+k, 0)
-	if p.l.Window != Sliding {
+	cur := v.cur
+	if k > 0 || v.mid {
+		cur = max(v.cur+k, 0)
+	}
+	changed = cur != v.cur
+	if v.cur = cur; p.l.Window != Sliding {
 		v.prev = 0
 	}
-	return v, win{max(w.start, v.s), v.prev, v.cur}, true, k != 0
+	return v, win{max(w.start, v.s), v.prev, v.cur}, true, changed
 }
 
-// ttl is how long a window's state matters after v: to the end of its window,
-// and a sliding window's one more Period, as the next one's previous.
+// ttl is how long a window's state matters after v, from the clock's
+// reading: to the end of its window, a sliding one's a Period more, as the
+// next one's previous.
 func (p *params) ttl(v winView) int64 {
 	if p.l.Window == Sliding {
-		return v.e - v.now + (v.e - v.s)
+		return max(v.e-v.real+(v.e-v.s), 1)
 	}
-	return v.e - v.now
+	return max(v.e-v.real, 1)
 }
 
 // fillWindow puts in res the Result of a window quota after a decision of k

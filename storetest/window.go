@@ -47,7 +47,7 @@ func zone(t *testing.T, name string) *time.Location {
 }
 
 func calendar(t *testing.T, h Harness) {
-	berlin, york := zone(t, "Europe/Berlin"), zone(t, "America/New_York")
+	berlin, york, santiago := zone(t, "Europe/Berlin"), zone(t, "America/New_York"), zone(t, "America/Santiago")
 	at := func(loc *time.Location, y int, mo time.Month, d, hh, mm, ss int) time.Time {
 		return time.Date(y, mo, d, hh, mm, ss, 0, loc)
 	}
@@ -81,6 +81,18 @@ func calendar(t *testing.T, h Harness) {
 			{at(berlin, 2027, 3, 28, 23, 59, 0), 4, true, 0, 0, time.Minute},
 			{time.Time{}, 1, false, 0, time.Minute, time.Minute},
 			{at(berlin, 2027, 3, 29, 0, 0, 0), 1, true, 4, 0, day},
+		}},
+		{"Santiago: a day without midnight", store.PerDayIn(3, santiago), []windowStep{
+			// Clocks go from 24:00 on September 4 to 01:00 on the 5th.
+			{at(santiago, 2027, 9, 4, 23, 30, 0), 3, true, 0, 0, 30 * time.Minute},
+			{time.Time{}, 1, false, 0, 30 * time.Minute, 30 * time.Minute},
+			{at(santiago, 2027, 9, 5, 1, 0, 0), 1, true, 2, 0, 23 * time.Hour},
+		}},
+		{"Santiago: hours across the change", store.Limit{Rate: 2, Period: time.Hour, Burst: 2, Window: store.Fixed, Location: santiago}, []windowStep{
+			{at(santiago, 2027, 9, 5, 1, 10, 0), 2, true, 0, 0, 50 * time.Minute}, // the day's first hour
+			{at(santiago, 2027, 9, 5, 23, 30, 0), 2, true, 0, 0, 30 * time.Minute},
+			{at(santiago, 2027, 9, 5, 23, 59, 0), 1, false, 0, time.Minute, time.Minute},
+			{at(santiago, 2027, 9, 6, 0, 0, 0), 1, true, 1, 0, time.Hour},
 		}},
 		{"Berlin: a day of 25 hours", store.PerDayIn(5, berlin), []windowStep{
 			{at(berlin, 2027, 10, 31, 0, 0, 0), 5, true, 0, 0, 25 * time.Hour},
@@ -288,6 +300,33 @@ func windowTakeAll(t *testing.T, h Harness) {
 	}
 	if n := remaining(t, s, other[1].Key, quota); n != 5 {
 		t.Errorf("quota after the bucket's denial holds %d; want 5", n)
+	}
+	// A bucket and a quota on one key in one TakeAll: apart, not a duplicate.
+	both := []store.Request{{Key: base + ":both", Limit: rate, Cost: 1}, {Key: base + ":both", Limit: quota, Cost: 1}}
+	if res, err := s.TakeAll(ctx, both); err != nil || !res[0].Allowed || res[1].Remaining != 4 {
+		t.Errorf("TakeAll of a bucket and a quota on one key = %+v, %v; want allowed", res, err)
+	}
+	// A quota in one tag, a drained bucket in another: the quota's count
+	// goes back (on a Cluster, by a second call).
+	apart := []store.Request{{Key: "{" + base + ":qa}:day", Limit: quota, Cost: 2}, {Key: "{" + base + ":qb}:rate", Limit: rate, Cost: 10}}
+	if _, err := s.Take(ctx, apart[1].Key, rate, 10); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.TakeAll(ctx, apart); err != nil || res[0].Allowed || res[0].Remaining != 5 {
+		t.Errorf("TakeAll across tags denied by the bucket = %+v, %v; want denied, the quota at 5", res, err)
+	}
+	if n := remaining(t, s, apart[0].Key, quota); n != 5 {
+		t.Errorf("quota after a denial across tags holds %d; want 5", n)
+	}
+	// Two unnamed zones of other offsets are other calendars: apart.
+	east, west := store.PerDayIn(1, time.FixedZone("", 10*3600)), store.PerDayIn(1, time.FixedZone("", -10*3600))
+	for _, lim := range []store.Limit{east, west} {
+		if r, err := s.Take(ctx, base+":zones", lim, 1); err != nil || !r.Allowed {
+			t.Errorf("Take under %v = %+v, %v; want allowed: a zone of its own", lim, r, err)
+		}
+	}
+	if r, err := s.Take(ctx, base+":zones", east, 1); err != nil || r.Allowed {
+		t.Errorf("second Take under %v = %+v, %v; want denied", east, r, err)
 	}
 	// One key, a bucket and a quota: apart.
 	key := Key(t)

@@ -1,0 +1,111 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/store"
+)
+
+// Around every clock change from 1995 to 2040 of zones with odd ones
+// (midnight skipped, half hours, a day skipped, two-hour changes), each
+// calendar window holds its instant and ends where the next begins.
+func TestWindowsAroundClockChanges(t *testing.T) {
+	zones := []string{"America/Santiago", "America/Havana", "Asia/Beirut", "America/Asuncion", "Europe/Berlin",
+		"America/New_York", "Australia/Lord_Howe", "Pacific/Apia", "Asia/Tehran", "America/Sao_Paulo",
+		"Africa/Cairo", "Pacific/Chatham", "Antarctica/Troll"}
+	checks := 0
+	for _, name := range zones {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		limits := []store.Limit{store.PerDayIn(5, loc), store.PerMonthIn(5, loc)}
+		for _, p := range []time.Duration{time.Hour, 90 * time.Minute, 15 * time.Minute} {
+			limits = append(limits, store.Limit{Rate: 5, Period: p, Burst: 5, Window: store.Fixed, Location: loc})
+		}
+		for at, stop := time.Date(1995, 1, 1, 0, 0, 0, 0, loc), time.Date(2040, 1, 1, 0, 0, 0, 0, loc); at.Before(stop); {
+			_, change := at.ZoneBounds()
+			if change.IsZero() {
+				break
+			}
+			for k := -6; k <= 6; k++ {
+				now := change.Add(time.Duration(k) * 20 * time.Minute)
+				for _, lim := range limits {
+					s, e := lim.WindowAt(now)
+					_, prevEnd := lim.WindowAt(s.Add(-time.Microsecond))
+					if next, _ := lim.WindowAt(e); now.Before(s) || !now.Before(e) || !prevEnd.Equal(s) || !next.Equal(e) {
+						t.Fatalf("%v at %v: window [%v, %v), the one before ends %v, the next starts %v", lim, now, s, e, prevEnd, next)
+					}
+					checks++
+				}
+			}
+			at = change
+		}
+	}
+	t.Logf("%d windows checked around clock changes", checks)
+}
+
+// A clock that goes back across a window's start: the later window's count
+// keeps its own expiry, and a refund of an earlier take does not reach into
+// a later window; a refund on a key with nothing counted writes nothing.
+func TestWindowClockBack(t *testing.T) {
+	t0 := time.Date(2027, 5, 3, 10, 0, 0, 0, time.UTC)
+	type kind struct {
+		s   store.Store
+		set func(time.Time)
+	}
+	clock := &fakeClock{now: t0}
+	mem := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	t.Cleanup(func() { mem.Close() })
+	mr, client, rclock := newMiniredisClock(t)
+	for name, k := range map[string]kind{
+		"memory": {mem, func(at time.Time) { clock.mu.Lock(); clock.now = at; clock.mu.Unlock(); mem.Sweep() }},
+		"miniredis": {store.NewRedis(client, store.WithWindowClock(rclock.Now)), func(at time.Time) {
+			rclock.mu.Lock()
+			d := at.Sub(rclock.now)
+			rclock.now = at
+			rclock.mu.Unlock()
+			mr.SetTime(at)
+			if d > 0 {
+				mr.FastForward(d)
+			}
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, lim := context.Background(), store.FixedWindow(5, time.Minute)
+			allowed := 0
+			take := func(at time.Time, n int) {
+				k.set(at)
+				if r, err := k.s.Take(ctx, name+":back", lim, 1); err != nil {
+					t.Fatal(err)
+				} else if r.Allowed && n > 0 {
+					allowed++
+				}
+			}
+			// 4 at 10:01:10, 1 at 10:00:50 (the clock back: counted in 10:01), 5 at 10:01:15.
+			for range 4 {
+				take(t0.Add(70*time.Second), 1)
+			}
+			take(t0.Add(50*time.Second), 1)
+			for range 5 {
+				take(t0.Add(75*time.Second), 1)
+			}
+			if allowed > 5 {
+				t.Errorf("%d allowed in the window from 10:01; want at most 5", allowed)
+			}
+			// A refund on a key with nothing counted keeps nothing.
+			rf := k.s.(store.Refunder)
+			if r, err := rf.Refund(ctx, name+":empty", lim, 1); err != nil || r.Remaining != 5 {
+				t.Errorf("Refund on a fresh key = %+v, %v", r, err)
+			}
+		})
+	}
+	if n := mem.Len(); n != 1 {
+		t.Errorf("Memory holds %d buckets; want 1: a refund of nothing writes none", n)
+	}
+	if keys := mr.Keys(); len(keys) != 1 {
+		t.Errorf("miniredis holds %v; want one key: a refund of nothing writes none", keys)
+	}
+}
