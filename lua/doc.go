@@ -44,8 +44,9 @@
 // count + k <= quota; then (all fitting) cur becomes max(cur + k, 0), but a
 // negative k applies only in the window [b1, b2): the caller puts there the
 // window of the take it gives back. A state is written only if cur changed.
-// The key's reply is three integers, now (moved into its window), prev and
-// cur, after the call.
+// A state of a window past the bounds refuses every take and refund. The
+// key's reply is four integers, now (moved into its window), prev, cur and
+// the state's start, after the call; a state counted as nothing is deleted.
 //
 // # State
 //

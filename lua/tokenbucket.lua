@@ -8,7 +8,7 @@
 -- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every write
 -- sets the TTL to the time until full; a full bucket is deleted. A window
 -- quota's ARGV are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
--- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur.
+-- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur, start.
 
 local n = #KEYS
 local LIMIT = 1125899906842624 -- 2^50
@@ -64,7 +64,7 @@ for i = 1, n do
       end
     end
     local tn = math.min(math.max(now, s), e - 1)
-    local prev, cur, start = 0, 0, s
+    local prev, cur, start, far = 0, 0, s, false
     if v then
       local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
       a, p, c = tonumber(a), tonumber(p), tonumber(c)
@@ -74,19 +74,19 @@ for i = 1, n do
         end
       end
       if a and a >= s then -- a later window's counts as this one's
-        prev, cur, start = p, c, a
+        prev, cur, start, far = p, c, a, a > s
       elseif a and q == -1 and a == s - (e - s) then
         prev = c
       end
     end
-    if k < 0 and not mid then -- a refund, only in the window of its take
+    if k < 0 and (far or not mid) then -- a refund, only in the window of its take
       k = 0
     end
     local count = cur
     if q == -1 and prev > 0 then
       count = cur + math.floor(prev * (e - tn) / (e - s))
     end
-    if k > 0 and count + k > cap then
+    if k > 0 and (far or count + k > cap) then -- far: a window past the bounds, its expiry unknown
       all = false
     end
     dus[i], dfs[i], wins[i] = tn, prev, {s, e, cur, start}
@@ -110,7 +110,9 @@ for i = 1, n do
     if q ~= -1 then
       prev = 0
     end
-    if cur ~= w[3] then -- written only if changed, its TTL from the clock's reading
+    if cur ~= w[3] and cur == 0 and prev == 0 then -- nothing counted: no state
+      redis.call('DEL', KEYS[i])
+    elseif cur ~= w[3] then -- written only if changed, its TTL from the clock's reading
       local ttl = w[2] - now
       if q == -1 then
         ttl = ttl + w[2] - w[1]
@@ -119,7 +121,7 @@ for i = 1, n do
       redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[4], prev, cur),
         'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
     end
-    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = tn, prev, cur
+    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = tn, prev, cur, w[4]
   else
     if all and k ~= 0 then
       if k > 0 then

@@ -697,11 +697,10 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
-	now := time.Now()
 	for i, key := range keys {
 		if lim := q.p.policies[i].limit; lim.Window != store.Bucket {
 			took, _ := lim.WindowAt(q.at)
-			if start, _ := lim.WindowAt(now); !took.Equal(start) {
+			if start, _ := lim.WindowAt(time.Now()); !took.Equal(start) { // read just before its refund
 				continue // its window has ended: a count back in the next would loosen it
 			}
 		}

@@ -339,7 +339,13 @@ func (m *Memory) view(p *params, w win, now int64) winView {
 // them, and holds bk.mu.
 func (m *Memory) writeWindow(sh *shard, key id, bk *bucket, p *params, v winView, w win, now int64, held []*shard) {
 	s := tat{u: now + p.ttl(v), q: 1}
-	if bk == nil {
+	switch {
+	case w.cur == 0 && w.prev == 0 && bk != nil: // nothing counted: no state, as in the script
+		m.drop(sh, bk, now)
+		return
+	case w.cur == 0 && w.prev == 0:
+		return
+	case bk == nil:
 		m.insert(sh, &bucket{s: s, id: key, w: &w}, now, held)
 		return
 	}
@@ -467,7 +473,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 		case p.spec != "" && all:
 			var changed bool
 			if d.v, d.w, _, changed = p.decideWindow(d.w, d.v, d.k); changed && d.bk != nil {
-				m.writeWindow(in[i], ids[i], d.bk, p, d.v, d.w, now, held)
+				m.writeWindow(in[i], ids[i], d.bk, p, d.v, d.w, clock, held)
 			}
 		case all && d.k != 0:
 			d.du, d.df = p.after(d.du, d.df, d.k)
@@ -487,7 +493,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
 		switch {
 		case all && d.k > 0 && d.bk == nil && ps[i].spec != "":
-			m.writeWindow(in[i], ids[i], nil, &ps[i], d.v, d.w, now, held)
+			m.writeWindow(in[i], ids[i], nil, &ps[i], d.v, d.w, clock, held)
 		case all && d.k > 0 && d.bk == nil:
 			m.insert(in[i], &bucket{s: tat{now + d.du, d.df, ps[i].q}, id: ids[i]}, now, held)
 		}

@@ -194,7 +194,7 @@ func (r *Redis) Block(ctx context.Context, key string, limit Limit, d time.Durat
 		ps[0], err = p.blocking(d)
 	}
 	if err == nil {
-		var debts [3]int64
+		var debts [4]int64
 		var blocked bool
 		if blocked, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:]); err == nil && !blocked {
 			err = errBlockFull(key)
@@ -223,7 +223,7 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	var debts [3]int64
+	var debts [4]int64
 	allowed, err := r.group(ctx, []Request{q}, ps[:], []int{0}, sign, debts[:])
 	if err != nil {
 		return Result{}, err
@@ -236,7 +236,7 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) 
 // replies is how many integers the script replies for p: a debt, or a window's view.
 func (p *params) replies() int {
 	if p.spec != "" {
-		return 3
+		return 4
 	}
 	return 2
 }
@@ -250,7 +250,7 @@ func (p *params) fillFrom(res *Result, debts []int64, k, undo int64, allowed boo
 		return
 	}
 	v := pick(p.b, debts[0])
-	v.prev, v.cur = debts[1], max(debts[2]-undo, 0)
+	v.prev, v.cur, v.far = debts[1], max(debts[2]-undo, 0), debts[3] > v.s
 	p.fillWindow(res, v, k, allowed)
 }
 
@@ -263,7 +263,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, debts := make([]Result, len(reqs)), make([]int64, 3*len(reqs))
+	out, debts := make([]Result, len(reqs)), make([]int64, 4*len(reqs))
 	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
 	// groups: reqs' indexes by hash tag (one without), in order of appearance.
 	var tags [][8]byte
@@ -286,7 +286,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			return nil, err
 		}
 		for _, i := range g {
-			ps[i].fillFrom(&out[i], debts[3*i:], k(i), 0, allowed)
+			ps[i].fillFrom(&out[i], debts[4*i:], k(i), 0, allowed)
 		}
 		if allowed {
 			continue
@@ -295,7 +295,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		r.giveBack(ctx, reqs, ps, debts, groups[:gi])
 		for _, g := range groups[:gi] {
 			for _, i := range g {
-				ps[i].fillFrom(&out[i], debts[3*i:], k(i), k(i), false)
+				ps[i].fillFrom(&out[i], debts[4*i:], k(i), k(i), false)
 			}
 		}
 		for _, g := range groups[gi+1:] {
@@ -304,7 +304,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 			}
 			if _, err := r.group(ctx, reqs, ps, g, 0, debts); err == nil {
 				for _, i := range g {
-					ps[i].fillFrom(&out[i], debts[3*i:], k(i), 0, false)
+					ps[i].fillFrom(&out[i], debts[4*i:], k(i), 0, false)
 				}
 			}
 		}
@@ -317,7 +317,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 }
 
 // group runs one script call for reqs at indexes g, costs times sign (1: take,
-// 0: read, -1: give back), and writes each one's reply into debts[3i:3i+3].
+// 0: read, -1: give back), and writes each one's reply into debts[4i:4i+4].
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, sign int64, debts []int64) (bool, error) {
 	if r.client == nil {
 		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
@@ -354,7 +354,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 	}
 	j := 0
 	for _, i := range g {
-		j += copy(debts[3*i:3*i+ps[i].replies()], c.debts[j:])
+		j += copy(debts[4*i:4*i+ps[i].replies()], c.debts[j:])
 	}
 	allowed := c.allowed
 	c.release()
@@ -372,7 +372,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts
 	for _, g := range taken {
 		for _, i := range g {
 			if ps[i].spec != "" { // the take's window, the middle one
-				v := pick(ps[i].b, debts[3*i])
+				v := pick(ps[i].b, debts[4*i])
 				ps[i].b = [4]int64{v.s - 1, v.s, v.e, v.e + 1}
 			}
 		}
@@ -380,7 +380,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		scratch := make([]int64, 3*len(reqs))
+		scratch := make([]int64, 4*len(reqs))
 		for _, g := range taken {
 			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 100*time.Millisecond)
 			_, err := r.group(gctx, reqs, ps, g, -1, scratch)
@@ -477,7 +477,7 @@ type call struct {
 	err      error
 	done     chan struct{} // signalled when a worker has answered
 	argsBuf  [11]any       // the backing arrays of a Take's call
-	debtsBuf [3]int64
+	debtsBuf [4]int64
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}

@@ -158,7 +158,7 @@ type win struct{ start, prev, cur int64 }
 // clock's reading), mid if that is b's middle window, and counts.
 type winView struct {
 	now, real, s, e, prev, cur int64
-	mid                        bool
+	mid, far                   bool // far: counts of a window past b's
 }
 
 // view picks among b the window holding now (the first or last if none
@@ -173,7 +173,7 @@ func (p *params) view(w win, b [4]int64, now int64) winView {
 	}
 	switch {
 	case w.start >= v.s:
-		v.prev, v.cur = w.prev, w.cur
+		v.prev, v.cur, v.far = w.prev, w.cur, w.start > v.s
 	case p.l.Window == Sliding && w.start == v.s-(v.e-v.s):
 		v.prev = w.cur
 	}
@@ -203,11 +203,11 @@ func (p *params) count(v winView) int64 {
 // to write after it (changed false: none). A k < 0 gives back, not below 0,
 // only in b's middle window, which the caller makes the window of the take.
 func (p *params) decideWindow(w win, v winView, k int64) (after winView, next win, allowed, changed bool) {
-	if k > 0 && p.count(v)+k > p.cap {
+	if k > 0 && (v.far || p.count(v)+k > p.cap) { // far: its window and expiry unknown here, so refused
 		return v, w, false, false
 	}
 	cur := v.cur
-	if k > 0 || v.mid {
+	if k > 0 || v.mid && !v.far {
 		cur = max(v.cur+k, 0)
 	}
 	changed = cur != v.cur
@@ -233,7 +233,7 @@ func (p *params) ttl(v winView) int64 {
 func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	n, left, length, elapsed := p.cap, v.e-v.now, v.e-v.s, v.now-v.s
 	*res = Result{Limit: p.l, Allowed: allowed, Remaining: int(max(n-p.count(v), 0))}
-	fits := k <= 0 || p.count(v)+k <= n
+	fits := k <= 0 || !v.far && p.count(v)+k <= n
 	switch {
 	case p.l.Window != Sliding:
 		if v.cur > 0 {
@@ -253,12 +253,14 @@ func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	} else if v.cur > 0 { // then, in the next window, this one's
 		res.Next = micros(left + decayed(v.cur, v.cur-1, length))
 	}
-	if !allowed && !fits {
-		if m := n - v.cur - k; m >= 0 { // within this window, as the previous one's share shrinks
-			res.RetryAfter = micros(max(decayed(v.prev, m, length)-elapsed, 1))
-		} else { // in the next, this one's count its previous
-			res.RetryAfter = micros(left + decayed(v.cur, n-k, length))
-		}
+	switch m := n - v.cur - k; {
+	case allowed || fits:
+	case v.far: // counts of a window past this one's: retry once this one ends
+		res.RetryAfter = micros(left)
+	case m >= 0: // within this window, as the previous one's share shrinks
+		res.RetryAfter = micros(max(decayed(v.prev, m, length)-elapsed, 1))
+	default: // in the next, this one's count its previous
+		res.RetryAfter = micros(left + decayed(v.cur, n-k, length))
 	}
 }
 

@@ -109,3 +109,47 @@ func TestWindowClockBack(t *testing.T) {
 		t.Errorf("miniredis holds %v; want one key: a refund of nothing writes none", keys)
 	}
 }
+
+// A state a month ahead (a clock gone back by most of a month): refused,
+// not counted in a window that would expire before its own.
+func TestWindowStateFarAhead(t *testing.T) {
+	t0 := time.Date(2027, 3, 1, 10, 0, 0, 0, time.UTC)
+	clock := &fakeClock{now: t0}
+	mem := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	t.Cleanup(func() { mem.Close() })
+	mr, client, rclock := newMiniredisClock(t)
+	set := func(at time.Time) {
+		clock.mu.Lock()
+		clock.now = at
+		clock.mu.Unlock()
+		rclock.mu.Lock()
+		d := at.Sub(rclock.now)
+		rclock.now = at
+		rclock.mu.Unlock()
+		mr.SetTime(at)
+		if d > 0 {
+			mr.FastForward(d)
+		}
+	}
+	stores := map[string]store.Store{"memory": mem, "miniredis": store.NewRedis(client, store.WithWindowClock(rclock.Now))}
+	ctx, lim := context.Background(), store.PerMonthIn(5, nil)
+	steps := []struct {
+		at      time.Time
+		cost    int
+		allowed bool
+	}{
+		{t0, 3, true},
+		{t0.AddDate(0, 0, -30), 2, false}, // January 30: March's state is past the bounds
+		{t0.Add(time.Hour), 3, false},     // back in March: 3 of 5 counted
+		{t0.Add(time.Hour), 2, true},
+	}
+	for _, st := range steps {
+		set(st.at)
+		for name, s := range stores {
+			r, err := s.Take(ctx, "far", lim, st.cost)
+			if err != nil || r.Allowed != st.allowed || (!r.Allowed && r.RetryAfter <= 0) {
+				t.Errorf("%s: Take(%d) at %v = %+v, %v; want allowed %v (a denial with a RetryAfter)", name, st.cost, st.at, r, err, st.allowed)
+			}
+		}
+	}
+}
