@@ -26,9 +26,13 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) Advance(d time.Duration) {
+func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+// Set moves the clock to at, forward or back.
+func (c *fakeClock) Set(at time.Time) {
 	c.mu.Lock()
-	c.now = c.now.Add(d)
+	d := at.Sub(c.now)
+	c.now = at
 	if c.moved != nil {
 		c.moved(c.now, d)
 	}
@@ -65,7 +69,9 @@ func newMiniredisClock(t *testing.T) (*miniredis.Miniredis, *redis.Client, *fake
 	t.Cleanup(func() { client.Close() })
 	return mr, client, &fakeClock{now: epoch, moved: func(now time.Time, d time.Duration) {
 		mr.SetTime(now)
-		mr.FastForward(d)
+		if d > 0 { // expiry only moves forward
+			mr.FastForward(d)
+		}
 	}}
 }
 

@@ -11,6 +11,17 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
+// caller returns a function serving one request from remote through a handler.
+func caller(remote string) func(h http.Handler, method, path string) *httptest.ResponseRecorder {
+	return func(h http.Handler, method, path string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(method, path, nil)
+		r.RemoteAddr = remote
+		h.ServeHTTP(w, r)
+		return w
+	}
+}
+
 // The operator endpoints on both stores: read a client's bucket, block the
 // client (its requests get 429), reset it (they pass again).
 func TestAdmin(t *testing.T) {
@@ -27,13 +38,7 @@ func TestAdmin(t *testing.T) {
 			}
 			api := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 			adm := adminHandler(st, lim)
-			call := func(h http.Handler, method, path string) *httptest.ResponseRecorder {
-				w := httptest.NewRecorder()
-				r := httptest.NewRequest(method, path, nil)
-				r.RemoteAddr = "192.0.2.7:1234"
-				h.ServeHTTP(w, r)
-				return w
-			}
+			call := caller("192.0.2.7:1234")
 			for range 3 {
 				call(api, "GET", "/")
 			}
@@ -81,13 +86,7 @@ func TestAdminQuota(t *testing.T) {
 			}
 			api := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 			adm := adminHandler(st, lim)
-			call := func(h http.Handler, method, path string) *httptest.ResponseRecorder {
-				w := httptest.NewRecorder()
-				r := httptest.NewRequest(method, path, nil)
-				r.RemoteAddr = "192.0.2.8:1234"
-				h.ServeHTTP(w, r)
-				return w
-			}
+			call := caller("192.0.2.8:1234")
 			for range 5 {
 				call(api, "GET", "/")
 			}
