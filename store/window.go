@@ -163,7 +163,9 @@ type winView struct {
 
 // view picks among b the window holding now (the first or last if none
 // does, now moved into it) and reads w's counts in it. A state of a later
-// window (a clock gone back) counts as this one's: it may deny, never give back.
+// window (a clock gone back) is decided in that window, at its start, if b
+// holds it; else it is far: its counts stand, and nothing is taken or given
+// back. A stale clock may deny, never give back.
 func (p *params) view(w win, b [4]int64, now int64) winView {
 	v := pick(b, now)
 	for i := 1; i < 3 && w.start > v.s; i++ { // from a later window: decided there, at its start
