@@ -268,7 +268,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	var gen uint64
 	// A read takes nothing: never refused locally; nor is a window quota's
 	// request, whose count the cache's arithmetic of tokens does not model.
-	deny := l.deny != nil && q.cost > 0 && lim.Window == store.Bucket
+	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
 	if deny {
 		var res store.Result
 		if verdict, res, gen = l.deny.check(key, lim, q.cost); verdict == denyHit {
@@ -535,7 +535,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 // quota turns pol's store result into what the headers report.
 func quota(pol *policy, res store.Result) headers.Quota {
 	window := res.Limit.Period
-	if res.Limit.Window == store.Monthly || res.Limit.Location != nil { // this window's length: a month's, a day of 23 hours
+	if res.Limit.Window != nil { // this window's length: a month's, a day of 23 hours
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
 	}
@@ -625,7 +625,7 @@ func (l *Limiter) blocked(q *request) bool {
 // bucket and the WithDelay queue (and the µs the store rounds up), where
 // no take can put it: a block, until its last Burst tokens refill.
 func (l *Limiter) inBlock(res store.Result) bool {
-	return res.Limit.Window == store.Bucket && // a window quota is never blocked
+	return res.Limit.Window == nil && // a window quota is never blocked
 		res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
@@ -698,7 +698,7 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	for i, key := range keys {
-		if lim := q.p.policies[i].limit; lim.Window != store.Bucket {
+		if lim := q.p.policies[i].limit; lim.Window != nil {
 			took, _ := lim.WindowAt(q.at)
 			if start, _ := lim.WindowAt(time.Now()); !took.Equal(start) { // read just before its refund
 				continue // its window has ended: a count back in the next would loosen it
@@ -754,7 +754,7 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 			Period: limit.Period * time.Duration(c.policy.replicas),
 			Burst:  max(1, limit.Burst/c.policy.replicas),
 		}
-		if limit.Window != store.Bucket {
+		if limit.Window != nil {
 			pol.local = limit
 			pol.local.Rate = max(1, limit.Rate/c.policy.replicas)
 			pol.local.Burst = pol.local.Rate

@@ -198,9 +198,9 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
 	switch {
-	case limit.Window == store.Monthly:
+	case limit.Window != nil && limit.Period == 0: // monthly
 		name = strconv.Itoa(limit.Rate) + "-per-month"
-	case limit.Window != store.Bucket:
+	case limit.Window != nil:
 		name += "-" + limit.Window.String()
 	case limit.Burst != limit.Rate:
 		name += "-burst-" + strconv.Itoa(limit.Burst)
@@ -321,7 +321,7 @@ func gone(ctx context.Context) bool {
 // quota, it is res.Next: when its count next falls.
 func NextToken(res store.Result) time.Duration {
 	lim := res.Limit
-	if lim.Window != store.Bucket {
+	if lim.Window != nil {
 		return res.Next // when the quota's count next falls
 	}
 	missing := lim.Burst - res.Remaining // whole tokens short of full

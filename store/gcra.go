@@ -36,10 +36,8 @@ type params struct {
 
 func newParams(l Limit) (*params, error) {
 	switch {
-	case l.Window != Bucket:
+	case l.Window != nil:
 		return windowParams(l)
-	case l.Location != nil:
-		return nil, l.invalid("a token bucket has no Location")
 	case l.Rate < 1:
 		return nil, l.invalid("Rate must be at least 1, got %d", l.Rate)
 	case l.Burst < 1:

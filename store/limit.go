@@ -23,10 +23,7 @@ type Limit struct {
 	Rate   int           // tokens added per Period, at least 1
 	Period time.Duration // at least 1µs, a whole number of microseconds
 	Burst  int           // bucket capacity, at least 1; a window's: Rate
-	Window Window        // the zero value: a token bucket
-	// Location is the calendar of a Fixed window whose Period divides a
-	// day, or of a Monthly one; nil: UTC.
-	Location *time.Location
+	Window *Window       // nil: a token bucket; else [Fixed], [Sliding], [Monthly] or one In a Location
 }
 
 // PerSecond returns a Limit of rate tokens per second with Burst = rate.
@@ -101,7 +98,7 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 		return res, err
 	}
 	res.Allowed = res.Remaining >= cost
-	if !res.Allowed && limit.Window != Bucket {
+	if !res.Allowed && limit.Window != nil {
 		res.RetryAfter = res.ResetAfter // exact for a fixed window; a sliding one's is at most that
 	} else if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
 		hi, lo := bits.Mul64(uint64(limit.Burst-cost), uint64(limit.Period))
@@ -114,13 +111,13 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 
 // String returns a compact form of l, such as "100/1m0s burst 10".
 func (l Limit) String() string {
-	switch l.Window {
-	case Bucket:
+	switch {
+	case l.Window == nil:
 		return fmt.Sprintf("%d/%s burst %d", l.Rate, l.Period, l.Burst)
-	case Monthly:
-		return fmt.Sprintf("%d per month in %s", l.Rate, l.Location)
+	case l.Window.kind == monthly:
+		return fmt.Sprintf("%d per month in %s", l.Rate, l.Window.loc)
 	}
-	return fmt.Sprintf("%d per %s window of %s in %s", l.Rate, l.Window, l.Period, l.Location)
+	return fmt.Sprintf("%d per %s window of %s in %s", l.Rate, l.Window, l.Period, l.Window.loc)
 }
 
 func (l Limit) invalid(format string, args ...any) error {

@@ -2,40 +2,76 @@ package store
 
 import (
 	"strconv"
+	"sync"
 	"time"
 )
 
 // Window makes a [Limit] a quota counted in windows instead of a token
-// bucket: Rate per window, Burst equal to Rate. A count is kept per key and
-// window kind (Period and Location): a bucket and quotas on one key never
-// share state. Both stores decide it on their clock (Redis: TIME, picking
-// among windows the app computes around its own clock, so the two must agree
-// within a window), denials consume nothing, and a key's state lives until
-// its count no longer matters.
-type Window uint8
+// bucket: Rate per window, Burst equal to Rate. It is [Fixed], [Sliding] or
+// [Monthly], or one of them In a Location; a Limit's Window is nil for a
+// token bucket. A count is kept per key and window kind (Period and
+// Location): a bucket and quotas on one key never share state. Both stores
+// decide it on their clock (Redis: TIME, picking among windows the app
+// computes around its own clock, so the two must agree within a window),
+// denials consume nothing, and a key's state lives until its count no longer
+// matters. One pointer, so that a Limit stays four words: a fifth cost a
+// fifth of a Memory decision on one hot key (go test -bench
+// 'Decide/memory/tollgate/hot/g1$' in bench/, benchstat of 10 runs).
+type Window struct {
+	kind uint8 // fixed, sliding or monthly; 0: not a window (an error)
+	loc  *time.Location
+}
 
 const (
-	// Bucket is the token bucket, the zero value.
-	Bucket Window = iota
-	// Fixed counts Rate per window of Period. Windows start at the Unix epoch
-	// in UTC (a minute's at every whole minute); with a Location and a Period
-	// that divides a day, at each local midnight, the last of a day ending at
-	// the next one (a day of 23 or 25 hours across a DST change).
-	Fixed
-	// Sliding is the sliding-window counter: the count of the current window
-	// of Period (from the epoch) plus that of the previous one weighted by the
-	// share of it still within a Period of now, rounded down; Rate*Period in
-	// µs at most 2^50.
-	Sliding
-	// Monthly counts Rate per calendar month in Location; Period must be 0.
-	Monthly
+	fixed = 1 + iota
+	sliding
+	monthly
 )
 
-func (w Window) String() string {
-	if w > Monthly {
-		return "Window(" + strconv.Itoa(int(w)) + ")"
+var (
+	// Fixed counts Rate per window of Period. Windows start at the Unix
+	// epoch in UTC (a minute's at every whole minute); In a Location, with
+	// a Period that divides a day, at each local midnight, the last of a
+	// day ending at the next one (a day of 23 or 25 hours across DST).
+	Fixed = &Window{kind: fixed}
+	// Sliding is the sliding-window counter: the count of the current
+	// window of Period (from the epoch) plus that of the previous one
+	// weighted by the share of it still within a Period of now, rounded
+	// down; Rate*Period in µs at most 2^50. It has no Location.
+	Sliding = &Window{kind: sliding}
+	// Monthly counts Rate per calendar month (in UTC, or In a Location);
+	// Period must be 0.
+	Monthly = &Window{kind: monthly}
+)
+
+var zones sync.Map // windowKey → *Window: one per kind and Location
+
+type windowKey struct {
+	kind uint8
+	loc  *time.Location
+}
+
+// In returns w in the calendar of loc (nil: w itself, UTC), the same
+// pointer for the same w and loc, so that Limits using it compare equal.
+func (w *Window) In(loc *time.Location) *Window {
+	if loc == nil {
+		return w
 	}
-	return [...]string{"bucket", "fixed", "sliding", "monthly"}[w]
+	v, _ := zones.LoadOrStore(windowKey{w.kind, loc}, &Window{kind: w.kind, loc: loc})
+	return v.(*Window)
+}
+
+// Location returns w's calendar: nil for UTC.
+func (w *Window) Location() *time.Location { return w.loc }
+
+func (w *Window) String() string {
+	if w == nil {
+		return "bucket"
+	}
+	if w.kind < fixed || w.kind > monthly {
+		return "Window(" + strconv.Itoa(int(w.kind)) + ")"
+	}
+	return [...]string{"fixed", "sliding", "monthly"}[w.kind-1]
 }
 
 // FixedWindow returns a quota of n per window of period from the Unix epoch.
@@ -50,45 +86,45 @@ func SlidingWindow(n int, period time.Duration) Limit {
 
 // PerDayIn returns a quota of n per calendar day in loc (nil: UTC).
 func PerDayIn(n int, loc *time.Location) Limit {
-	return Limit{Rate: n, Period: 24 * time.Hour, Burst: n, Window: Fixed, Location: loc}
+	return Limit{Rate: n, Period: 24 * time.Hour, Burst: n, Window: Fixed.In(loc)}
 }
 
 // PerMonthIn returns a quota of n per calendar month in loc (nil: UTC).
 func PerMonthIn(n int, loc *time.Location) Limit {
-	return Limit{Rate: n, Burst: n, Window: Monthly, Location: loc}
+	return Limit{Rate: n, Burst: n, Window: Monthly.In(loc)}
 }
 
 // windowParams checks a window quota and returns its params: a token is one
 // count (t = q = 1), cap = Rate.
 func windowParams(l Limit) (*params, error) {
-	n, us := int64(l.Rate), l.Period.Microseconds()
+	n, us, w := int64(l.Rate), l.Period.Microseconds(), l.Window
 	switch {
-	case l.Window > Monthly:
-		return nil, l.invalid("unknown Window %d", l.Window)
+	case w.kind < fixed || w.kind > monthly:
+		return nil, l.invalid("unknown Window: use store.Fixed, Sliding or Monthly")
 	case l.Rate < 1 || n > maxProduct:
 		return nil, l.invalid("Rate must be in [1, 2^50], got %d", l.Rate)
 	case l.Burst != l.Rate:
 		return nil, l.invalid("a window's Burst must equal its Rate, got %d", l.Burst)
-	case l.Window == Monthly && l.Period != 0:
+	case w.kind == monthly && l.Period != 0:
 		return nil, l.invalid("a monthly window's Period must be 0 (the calendar sets it), got %s", l.Period)
-	case l.Window != Monthly && (l.Period < time.Microsecond || l.Period%time.Microsecond != 0):
+	case w.kind != monthly && (l.Period < time.Microsecond || l.Period%time.Microsecond != 0):
 		return nil, l.invalid("Period must be a positive whole number of microseconds, got %s", l.Period)
-	case l.Window == Sliding && l.Location != nil:
+	case w.kind == sliding && w.loc != nil:
 		return nil, l.invalid("a sliding window has no Location")
-	case l.Window == Fixed && l.Location != nil && (24*time.Hour)%l.Period != 0:
+	case w.kind == fixed && w.loc != nil && (24*time.Hour)%l.Period != 0:
 		return nil, l.invalid("a fixed window in a Location needs a Period that divides a day, got %s", l.Period)
-	case l.Window == Sliding && n > maxProduct/us:
+	case w.kind == sliding && n > maxProduct/us:
 		return nil, l.invalid("Rate*Period in µs must not exceed 2^50")
 	}
-	p := &params{l: l, q: 1, t: 1, cap: n, fit: n, fitUs: n + 1, args: [2]any{n, int64(0)}, k1: int64(1), period: us, loc: l.Location}
+	p := &params{l: l, q: 1, t: 1, cap: n, fit: n, fitUs: n + 1, args: [2]any{n, int64(0)}, k1: int64(1), period: us, loc: w.loc}
 	p.spec = "f" + strconv.FormatInt(us, 10)
 	switch {
-	case l.Window == Sliding:
+	case w.kind == sliding:
 		p.spec, p.args[1] = "s"+strconv.FormatInt(us, 10), int64(-1)
-	case l.Window == Monthly:
+	case w.kind == monthly:
 		p.spec = "m"
 	}
-	if l.Window == Monthly && p.loc == nil {
+	if w.kind == monthly && p.loc == nil {
 		p.loc = time.UTC
 	}
 	if p.loc != nil { // its name and offsets: "Local" or an unnamed FixedZone is not one zone
@@ -122,7 +158,7 @@ func (p *params) bounds(now int64) [4]int64 {
 func (p *params) around(now int64) (s, e int64) {
 	t := time.UnixMicro(now).In(p.loc)
 	y, mo, d := t.Date()
-	if p.l.Window == Monthly {
+	if p.l.Window.kind == monthly {
 		return midnight(y, mo, 1, p.loc), midnight(y, mo+1, 1, p.loc)
 	}
 	day, next := midnight(y, mo, d, p.loc), midnight(y, mo, d+1, p.loc)
@@ -176,7 +212,7 @@ func (p *params) view(w win, b [4]int64, now int64) winView {
 	switch {
 	case w.start >= v.s:
 		v.prev, v.cur, v.far = w.prev, w.cur, w.start > v.s
-	case p.l.Window == Sliding && w.start == v.s-(v.e-v.s):
+	case p.l.Window.kind == sliding && w.start == v.s-(v.e-v.s):
 		v.prev = w.cur
 	}
 	return v
@@ -195,7 +231,7 @@ func pick(b [4]int64, now int64) winView {
 // count is v's count: the current window's, plus, for a sliding window, the
 // previous one's share within a Period of now, rounded down (exact: Rate*Period <= 2^50).
 func (p *params) count(v winView) int64 {
-	if p.l.Window != Sliding || v.prev == 0 {
+	if p.l.Window.kind != sliding || v.prev == 0 {
 		return v.cur
 	}
 	return v.cur + v.prev*(v.e-v.now)/(v.e-v.s)
@@ -213,7 +249,7 @@ func (p *params) decideWindow(w win, v winView, k int64) (after winView, next wi
 		cur = max(v.cur+k, 0)
 	}
 	changed = cur != v.cur
-	if v.cur = cur; p.l.Window != Sliding {
+	if v.cur = cur; p.l.Window.kind != sliding {
 		v.prev = 0
 	}
 	return v, win{max(w.start, v.s), v.prev, v.cur}, true, changed
@@ -223,7 +259,7 @@ func (p *params) decideWindow(w win, v winView, k int64) (after winView, next wi
 // reading: to the end of its window, a sliding one's a Period more, as the
 // next one's previous.
 func (p *params) ttl(v winView) int64 {
-	if p.l.Window == Sliding {
+	if p.l.Window.kind == sliding {
 		return max(v.e-v.real+(v.e-v.s), 1)
 	}
 	return max(v.e-v.real, 1)
@@ -237,7 +273,7 @@ func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	*res = Result{Limit: p.l, Allowed: allowed, Remaining: int(max(n-p.count(v), 0))}
 	fits := k <= 0 || !v.far && p.count(v)+k <= n
 	switch {
-	case p.l.Window != Sliding:
+	case p.l.Window.kind != sliding:
 		if v.cur > 0 {
 			res.ResetAfter, res.Next = micros(left), micros(left)
 		}

@@ -25,7 +25,7 @@ func TestWindowsAroundClockChanges(t *testing.T) {
 		}
 		limits := []store.Limit{store.PerDayIn(5, loc), store.PerMonthIn(5, loc)}
 		for _, p := range []time.Duration{time.Hour, 90 * time.Minute, 15 * time.Minute} {
-			limits = append(limits, store.Limit{Rate: 5, Period: p, Burst: 5, Window: store.Fixed, Location: loc})
+			limits = append(limits, store.Limit{Rate: 5, Period: p, Burst: 5, Window: store.Fixed.In(loc)})
 		}
 		for at, stop := time.Date(1995, 1, 1, 0, 0, 0, 0, loc), time.Date(2040, 1, 1, 0, 0, 0, 0, loc); at.Before(stop); {
 			_, change := at.ZoneBounds()

@@ -88,7 +88,7 @@ func calendar(t *testing.T, h Harness) {
 			{time.Time{}, 1, false, 0, 30 * time.Minute, 30 * time.Minute},
 			{at(santiago, 2027, 9, 5, 1, 0, 0), 1, true, 2, 0, 23 * time.Hour},
 		}},
-		{"Santiago: hours across the change", store.Limit{Rate: 2, Period: time.Hour, Burst: 2, Window: store.Fixed, Location: santiago}, []windowStep{
+		{"Santiago: hours across the change", store.Limit{Rate: 2, Period: time.Hour, Burst: 2, Window: store.Fixed.In(santiago)}, []windowStep{
 			{at(santiago, 2027, 9, 5, 1, 10, 0), 2, true, 0, 0, 50 * time.Minute}, // the day's first hour
 			{at(santiago, 2027, 9, 5, 23, 30, 0), 2, true, 0, 0, 30 * time.Minute},
 			{at(santiago, 2027, 9, 5, 23, 59, 0), 1, false, 0, time.Minute, time.Minute},
@@ -407,10 +407,9 @@ func windowInvalid(t *testing.T, h Harness) {
 		{Rate: 5, Period: time.Hour, Burst: 4, Window: store.Fixed},
 		{Rate: 5, Period: time.Hour, Burst: 5, Window: store.Monthly},
 		{Rate: 5, Burst: 5, Window: store.Fixed},
-		{Rate: 5, Period: time.Hour, Burst: 5, Window: store.Sliding, Location: berlin},
-		{Rate: 5, Period: 7 * time.Hour, Burst: 5, Window: store.Fixed, Location: berlin},
-		{Rate: 5, Period: time.Hour, Burst: 5, Location: berlin},
-		{Rate: 5, Period: time.Hour, Burst: 5, Window: 9},
+		{Rate: 5, Period: time.Hour, Burst: 5, Window: store.Sliding.In(berlin)},
+		{Rate: 5, Period: 7 * time.Hour, Burst: 5, Window: store.Fixed.In(berlin)},
+		{Rate: 5, Period: time.Hour, Burst: 5, Window: &store.Window{}},
 		store.SlidingWindow(1<<40, 24*time.Hour),
 	} {
 		if _, err := st.Take(ctx, key, lim, 1); !errors.Is(err, store.ErrInvalidLimit) {
