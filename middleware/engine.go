@@ -535,7 +535,9 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 // quota turns pol's store result into what the headers report.
 func quota(pol *policy, res store.Result) headers.Quota {
 	window := res.Limit.Period
-	if res.Limit.Window != nil { // this window's length: a month's, a day of 23 hours
+	// A calendar window's length varies (a month, a day of 23 hours): this one's.
+	// Others are Period long, and computing none saves allocations per response.
+	if w := res.Limit.Window; w != nil && (w.Location() != nil || res.Limit.Period == 0) {
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
 	}
