@@ -12,15 +12,16 @@
 
 local n = #KEYS
 local LIMIT = 1125899906842624 -- 2^50
-if redis.replicate_commands then
-  redis.replicate_commands() -- Redis < 5: allow writes after TIME
+if not redis.REDIS_VERSION_NUM then -- before Redis 7 (and < 5 needs it): writes after TIME
+  redis.replicate_commands()
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
--- Read every key; all stays true while each k fits. A window's view is in
--- dus (its now), dfs (prev) and wins (start, end, cur, state's start).
-local ks, qs, dus, dfs, wins, j, all = {}, {}, {}, {}, {}, 1, true
+-- Read every key into its slots of the reply, r + 1...: a bucket's du, df; a
+-- window's now, prev, cur, start (its bounds, and k, in wins). all stays true
+-- while each k fits. One table for all: tables are most of the script's cost.
+local reply, wins, j, r, all = {1}, nil, 1, 1, true
 for i = 1, n do
   local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
@@ -49,15 +50,16 @@ for i = 1, n do
     if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
       all = false
     end
-    dus[i], dfs[i] = du, df
+    reply[r + 1], reply[r + 2], r = du, df, r + 2
   else -- a window quota: pick the window of now among the bounds
-    local b = {tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])}
+    local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
     j = j + 7
-    if not (b[1] and b[2] and b[3] and b[4] and b[1] % 1 == 0 and b[2] % 1 == 0 and b[3] % 1 == 0 and b[4] % 1 == 0
-        and b[1] < b[2] and b[2] < b[3] and b[3] < b[4]) then
+    if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
+        and b0 < b1 and b1 < b2 and b2 < b3) then
       return redis.error_reply('ERR tollgate: invalid window bounds')
     end
-    local s, e, mid = b[1], b[2], false
+    local b = {b0, b1, b2, b3}
+    local s, e, mid = b0, b1, false
     for w = 2, 3 do
       if now >= b[w] then
         s, e, mid = b[w], b[w + 1], w == 2
@@ -89,68 +91,66 @@ for i = 1, n do
     if k > 0 and (far or count + k > cap) then -- far: a window past the bounds, its expiry unknown
       all = false
     end
-    dus[i], dfs[i], wins[i] = tn, prev, {s, e, cur, start}
+    if q ~= -1 then
+      prev = 0
+    end
+    wins = wins or {}
+    wins[i] = {s, e, k}
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], r = tn, prev, cur, start, r + 4
   end
-  ks[i], qs[i] = k, q
 end
 if j ~= #ARGV + 1 then
   return redis.error_reply('ERR tollgate: invalid arguments')
 end
+if not all then
+  reply[1] = 0
+  return reply
+end
 
--- Write, if all fit, and reply.
-local reply = {all and 1 or 0}
+-- All fit: write, with every k read again from ARGV (a window's from wins).
+j, r = 1, 1
 for i = 1, n do
-  local k, q, du, df = ks[i], qs[i], dus[i], dfs[i]
+  local k, q = tonumber(ARGV[j]), tonumber(ARGV[j + 2])
   if q < 1 then
     local w = wins[i]
-    local tn, prev, cur = du, df, w[3]
-    if all then
-      cur = math.max(cur + k, 0)
-    end
-    if q ~= -1 then
-      prev = 0
-    end
-    if cur ~= w[3] and cur == 0 and prev == 0 then -- nothing counted: no state
+    local prev, cur = reply[r + 2], reply[r + 3]
+    local c = math.max(cur + w[3], 0)
+    if c ~= cur and c == 0 and prev == 0 then -- nothing counted: no state
       redis.call('DEL', KEYS[i])
-    elseif cur ~= w[3] then -- written only if changed, its TTL from the clock's reading
+    elseif c ~= cur then -- written only if changed, its TTL from the clock's reading
       local ttl = w[2] - now
       if q == -1 then
         ttl = ttl + w[2] - w[1]
       end
       ttl = math.max(ttl, 1)
-      redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[4], prev, cur),
+      redis.call('SET', KEYS[i], string.format('%d:%d:%d', reply[r + 4], prev, c),
         'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
     end
-    reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = tn, prev, cur, w[4]
+    reply[r + 3], j, r = c, j + 7, r + 4
   else
-    if all and k ~= 0 then
-      if k > 0 then
-        local f = df + k
-        df = f % q
-        du = du + (f - df) / q
-      else
-        local f = df + k -- as much as (-k)/q microseconds back
-        local r = f % q
-        du, df = du + (f - r) / q, r
-        if du < 0 then
-          du, df = 0, 0
-        end
-      end
-      if du == 0 and df == 0 then
-        redis.call('DEL', KEYS[i])
-      else
-        local state = string.format('%d', now + du)
-        if df > 0 then
-          state = state .. '+' .. string.format('%d', df) .. '/' .. string.format('%d', q)
-        end
-        local us = du
-        if df > 0 then
-          us = us + 1
-        end
-        redis.call('SET', KEYS[i], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
+    local du, df = reply[r + 1], reply[r + 2]
+    if k > 0 then
+      local f = df + k
+      df = f % q
+      du = du + (f - df) / q
+    elseif k < 0 then
+      local f = df + k -- as much as (-k)/q microseconds back
+      local m = f % q
+      du, df = du + (f - m) / q, m
+      if du < 0 then
+        du, df = 0, 0
       end
     end
-    reply[#reply + 1], reply[#reply + 2] = du, df
+    if k ~= 0 and du == 0 and df == 0 then
+      redis.call('DEL', KEYS[i])
+    elseif k ~= 0 then -- digits, not Lua numbers: Redis 7.2.0-7.2.4 sends 1e8 as "1e+08"
+      local state, us = string.format('%d', now + du), du
+      if df > 0 then
+        state, us = string.format('%d+%d/%d', now + du, df, q), du + 1
+      end
+      redis.call('SET', KEYS[i], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
+    end
+    reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
   end
 end
 return reply
