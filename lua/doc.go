@@ -3,33 +3,39 @@
 //
 // # Token bucket
 //
-// [TokenBucket] decides n >= 1 token buckets together, all or nothing, in one
-// atomic call on Redis's clock (TIME). A bucket of capacity burst gets rate
-// tokens per period_us microseconds. Its state is its theoretical arrival time
-// (TAT), the instant it is full again; its debt D = max(TAT - now, 0) is how
-// far it is from full. Time counts in units of 1/q µs, where q = rate/g and
-// t = period_us/g, g = gcd(rate, period_us): one token takes t units exactly.
+// [TokenBucket] decides groups of token buckets, each group all or nothing,
+// in one atomic call on Redis's clock (TIME). A bucket of capacity burst gets
+// rate tokens per period_us microseconds. Its state is its theoretical arrival
+// time (TAT), the instant it is full again; its debt D = max(TAT - now, 0) is
+// how far it is from full. Time counts in units of 1/q µs, where q = rate/g
+// and t = period_us/g, g = gcd(rate, period_us): one token takes t units exactly.
 //
-//	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <k1> <cap1> <q1> ... <kn> <capn> <qn>
+//	EVALSHA <TokenBucketSHA1> n <key1> ... <keyn> <m> <k1> <cap1> <q1> ... <km> <capm> <qm> [<m'> ...]
 //
-// For a decision of c tokens, k = c*t (0 reads the bucket; a negative k gives
-// -c tokens back, never above full) and cap = burst*t, integers with
-// 1 <= cap <= 2^50, -cap <= k <= cap and 1 <= q <= 2^50. If for every bucket
-// k <= 0 or D + k <= cap, every TAT becomes max(TAT, now) + k/q; otherwise
-// nothing is written. The reply is {allowed, du1, df1, ..., dun, dfn}: allowed
-// is 1 if the ks were applied, and bucket i's debt after the call is
-// dui + dfi/q µs (0 <= dfi < q). From a debt D = du*q + df units, a caller reads
+// ARGV is one or more groups: a group's size m >= 1, then the arguments of its
+// m keys, which are the next m of KEYS (n in all). For a decision of c tokens,
+// k = c*t (0 reads the bucket; a negative k gives -c tokens back, never above
+// full) and cap = burst*t, integers with 1 <= cap <= 2^50, -cap <= k <= cap and
+// 1 <= q <= 2^50. If for every bucket of a group k <= 0 or D + k <= cap, each
+// of its TATs becomes max(TAT, now) + k/q; otherwise nothing of it is written.
+// Groups are decided one after another: a later group sees an earlier one's
+// writes (a key may be in several). The reply is, per group, {allowed, du1,
+// df1, ..., dum, dfm}, flattened: allowed is 1 if the group's ks were applied,
+// and bucket i's debt after the call is dui + dfi/q µs (0 <= dfi < q). From a
+// debt D = du*q + df units, a caller reads
 //
 //	remaining       = floor((cap - D) / t), at least 0   whole tokens left
 //	reset_after_us  = du + (1 if df > 0)                  until the bucket is full
 //	retry_after_us  = ceil((D + k - cap) / q)             after a denial: until k fits
 //
+// A Take is a call of one group of one key; tollgate's batching sends the
+// concurrent Takes for one Redis node as one call of many groups.
 // On Redis Cluster the keys of one call must share a {hash tag}.
 //
 // # Window quotas
 //
-// A key of the same call may instead be a window quota: a count of at most
-// quota per window, its arguments seven instead of three:
+// A key of a group may instead be a window quota: a count of at most quota
+// per window, its arguments seven instead of three:
 //
 //	<k> <quota> <kind> <b0> <b1> <b2> <b3>
 //

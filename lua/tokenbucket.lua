@@ -1,16 +1,17 @@
--- tollgate token bucket and window quotas, version 5: the protocol is in
--- the lua package's documentation (lua/doc.go). In short: KEYS are n >= 1
--- buckets or window quotas, decided together, all or nothing, on Redis's
--- clock. A bucket's ARGV are k, cap and q (time in units of 1/q µs; k =
--- cost*t, cap = burst*t); every k fits when k <= 0 or D + k <= cap (D =
+-- tollgate token bucket and window quotas, version 6: the protocol is in
+-- the lua package's documentation (lua/doc.go). In short: KEYS are buckets or
+-- window quotas, and ARGV groups of them, each decided all or nothing, one
+-- after another, on Redis's clock: a group is its number of keys m, then
+-- each key's arguments. A bucket's are k, cap and q (time in units of 1/q
+-- µs; k = cost*t, cap = burst*t); every k fits when k <= 0 or D + k <= cap (D =
 -- max(TAT - now, 0)), and then each TAT becomes max(TAT, now) + k/q, else
 -- nothing is written. Its reply is du, df: the debt du + df/q µs. A state is
 -- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every write
 -- sets the TTL to the time until full; a full bucket is deleted. A window
--- quota's ARGV are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
+-- quota's arguments are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
 -- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur, start.
+-- The reply is, per group, 1 if its ks were applied (else 0), then its keys'.
 
-local n = #KEYS
 local LIMIT = 1125899906842624 -- 2^50
 if not redis.REDIS_VERSION_NUM then -- before Redis 7 (and < 5 needs it): writes after TIME
   redis.replicate_commands()
@@ -18,139 +19,146 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
--- Read every key into its slots of the reply, r + 1...: a bucket's du, df; a
--- window's now, prev, cur, start (its bounds, and k, in wins). all stays true
--- while each k fits. One table for all: tables are most of the script's cost.
-local reply, wins, j, r, all = {1}, nil, 1, 1, true
-for i = 1, n do
-  local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
-      and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
+-- Each group: read its keys into their slots of the reply, r + 1...: a
+-- bucket's du, df; a window's now, prev, cur, start (its bounds, and k, in
+-- wins); then, if every k fits, write them. A group sees the writes of the
+-- groups before it (one key in two groups is decided twice, in order).
+local reply, wins, i, j, r = {}, nil, 1, 1, 0
+while j <= #ARGV do
+  local m = tonumber(ARGV[j])
+  if not (m and m >= 1 and m % 1 == 0 and i + m - 1 <= #KEYS) then
     return redis.error_reply('ERR tollgate: invalid arguments')
   end
-  local v = redis.call('GET', KEYS[i])
-  if q >= 1 then -- a token bucket
-    j = j + 3
-    local du, df = 0, 0
-    if v then
-      local u, f, sq = tonumber(v), 0, q
-      if not u then
-        local a, b, c = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
-        u, f, sq = tonumber(a), tonumber(b), tonumber(c)
-      end
-      if u and u % 1 == 0 and u >= 0 and u < 9007199254740992 and f < sq then
-        if sq ~= q and f > 0 then
-          u, f = u + 1, 0
+  local gi, gj, gr, all = i, j + 1, r + 1, true
+  j, r = gj, gr
+  for i = gi, gi + m - 1 do
+    local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+    if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
+        and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
+      return redis.error_reply('ERR tollgate: invalid arguments')
+    end
+    local v = redis.call('GET', KEYS[i])
+    if q >= 1 then -- a token bucket
+      local du, df = 0, 0
+      if v then
+        local u, f, sq = tonumber(v), 0, q
+        if not u then
+          local a, b, c = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+          u, f, sq = tonumber(a), tonumber(b), tonumber(c)
         end
-        if u > now or (u == now and f > 0) then
-          du, df = u - now, f
-        end
-      end
-    end
-    if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
-      all = false
-    end
-    reply[r + 1], reply[r + 2], r = du, df, r + 2
-  else -- a window quota: pick the window of now among the bounds
-    local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
-    j = j + 7
-    if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
-        and b0 < b1 and b1 < b2 and b2 < b3) then
-      return redis.error_reply('ERR tollgate: invalid window bounds')
-    end
-    local b = {b0, b1, b2, b3}
-    local s, e, mid = b0, b1, false
-    for w = 2, 3 do
-      if now >= b[w] then
-        s, e, mid = b[w], b[w + 1], w == 2
-      end
-    end
-    local tn = math.min(math.max(now, s), e - 1)
-    local prev, cur, start, far = 0, 0, s, false
-    if v then
-      local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
-      a, p, c = tonumber(a), tonumber(p), tonumber(c)
-      for w = 2, 3 do -- a later window's state (a clock gone back): decided there, at its start
-        if a and a > s and a == b[w] then
-          s, e, tn, mid = b[w], b[w + 1], b[w], w == 2
+        if u and u % 1 == 0 and u >= 0 and u < 9007199254740992 and f < sq then
+          if sq ~= q and f > 0 then
+            u, f = u + 1, 0
+          end
+          if u > now or (u == now and f > 0) then
+            du, df = u - now, f
+          end
         end
       end
-      if a and a >= s then -- a later window's counts as this one's
-        prev, cur, start, far = p, c, a, a > s
-      elseif a and q == -1 and a == s - (e - s) then
-        prev = c
+      if k > 0 and (du > (cap - cap % q) / q + 1 or du * q + df + k > cap) then
+        all = false
       end
+      reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
+    else -- a window quota: pick the window of now among the bounds
+      local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
+      if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
+          and b0 < b1 and b1 < b2 and b2 < b3) then
+        return redis.error_reply('ERR tollgate: invalid window bounds')
+      end
+      local b = {b0, b1, b2, b3}
+      local s, e, mid = b0, b1, false
+      for w = 2, 3 do
+        if now >= b[w] then
+          s, e, mid = b[w], b[w + 1], w == 2
+        end
+      end
+      local tn = math.min(math.max(now, s), e - 1)
+      local prev, cur, start, far = 0, 0, s, false
+      if v then
+        local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+        a, p, c = tonumber(a), tonumber(p), tonumber(c)
+        for w = 2, 3 do -- a later window's state (a clock gone back): decided there, at its start
+          if a and a > s and a == b[w] then
+            s, e, tn, mid = b[w], b[w + 1], b[w], w == 2
+          end
+        end
+        if a and a >= s then -- a later window's counts as this one's
+          prev, cur, start, far = p, c, a, a > s
+        elseif a and q == -1 and a == s - (e - s) then
+          prev = c
+        end
+      end
+      if k < 0 and (far or not mid) then -- a refund, only in the window of its take
+        k = 0
+      end
+      local count = cur
+      if q == -1 and prev > 0 then
+        count = cur + math.floor(prev * (e - tn) / (e - s))
+      end
+      if k > 0 and (far or count + k > cap) then -- far: a window past the bounds, its expiry unknown
+        all = false
+      end
+      if q ~= -1 then
+        prev = 0
+      end
+      wins = wins or {}
+      wins[i] = {s, e, k}
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], j, r = tn, prev, cur, start, j + 7, r + 4
     end
-    if k < 0 and (far or not mid) then -- a refund, only in the window of its take
-      k = 0
+  end
+  reply[gr] = all and 1 or 0
+  i = gi + m
+  -- All fit: write, with every k read again from ARGV (a window's from wins).
+  local wj, wr = gj, gr
+  for wi = gi, i - 1 do
+    if not all then
+      break
     end
-    local count = cur
-    if q == -1 and prev > 0 then
-      count = cur + math.floor(prev * (e - tn) / (e - s))
+    local k, q = tonumber(ARGV[wj]), tonumber(ARGV[wj + 2])
+    if q < 1 then
+      local w = wins[wi]
+      local prev, cur = reply[wr + 2], reply[wr + 3]
+      local c = math.max(cur + w[3], 0)
+      if c ~= cur and c == 0 and prev == 0 then -- nothing counted: no state
+        redis.call('DEL', KEYS[wi])
+      elseif c ~= cur then -- written only if changed, its TTL from the clock's reading
+        local ttl = w[2] - now
+        if q == -1 then
+          ttl = ttl + w[2] - w[1]
+        end
+        ttl = math.max(ttl, 1)
+        redis.call('SET', KEYS[wi], string.format('%d:%d:%d', reply[wr + 4], prev, c),
+          'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
+      end
+      reply[wr + 3], wj, wr = c, wj + 7, wr + 4
+    else
+      local du, df = reply[wr + 1], reply[wr + 2]
+      if k > 0 then
+        local f = df + k
+        df = f % q
+        du = du + (f - df) / q
+      elseif k < 0 then
+        local f = df + k -- as much as (-k)/q microseconds back
+        local rem = f % q
+        du, df = du + (f - rem) / q, rem
+        if du < 0 then
+          du, df = 0, 0
+        end
+      end
+      if k ~= 0 and du == 0 and df == 0 then
+        redis.call('DEL', KEYS[wi])
+      elseif k ~= 0 then -- digits, not Lua numbers: Redis 7.2.0-7.2.4 sends 1e8 as "1e+08"
+        local state, us = string.format('%d', now + du), du
+        if df > 0 then
+          state, us = string.format('%d+%d/%d', now + du, df, q), du + 1
+        end
+        redis.call('SET', KEYS[wi], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
+      end
+      reply[wr + 1], reply[wr + 2], wj, wr = du, df, wj + 3, wr + 2
     end
-    if k > 0 and (far or count + k > cap) then -- far: a window past the bounds, its expiry unknown
-      all = false
-    end
-    if q ~= -1 then
-      prev = 0
-    end
-    wins = wins or {}
-    wins[i] = {s, e, k}
-    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], r = tn, prev, cur, start, r + 4
   end
 end
-if j ~= #ARGV + 1 then
+if i ~= #KEYS + 1 or i == 1 then
   return redis.error_reply('ERR tollgate: invalid arguments')
-end
-if not all then
-  reply[1] = 0
-  return reply
-end
-
--- All fit: write, with every k read again from ARGV (a window's from wins).
-j, r = 1, 1
-for i = 1, n do
-  local k, q = tonumber(ARGV[j]), tonumber(ARGV[j + 2])
-  if q < 1 then
-    local w = wins[i]
-    local prev, cur = reply[r + 2], reply[r + 3]
-    local c = math.max(cur + w[3], 0)
-    if c ~= cur and c == 0 and prev == 0 then -- nothing counted: no state
-      redis.call('DEL', KEYS[i])
-    elseif c ~= cur then -- written only if changed, its TTL from the clock's reading
-      local ttl = w[2] - now
-      if q == -1 then
-        ttl = ttl + w[2] - w[1]
-      end
-      ttl = math.max(ttl, 1)
-      redis.call('SET', KEYS[i], string.format('%d:%d:%d', reply[r + 4], prev, c),
-        'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
-    end
-    reply[r + 3], j, r = c, j + 7, r + 4
-  else
-    local du, df = reply[r + 1], reply[r + 2]
-    if k > 0 then
-      local f = df + k
-      df = f % q
-      du = du + (f - df) / q
-    elseif k < 0 then
-      local f = df + k -- as much as (-k)/q microseconds back
-      local m = f % q
-      du, df = du + (f - m) / q, m
-      if du < 0 then
-        du, df = 0, 0
-      end
-    end
-    if k ~= 0 and du == 0 and df == 0 then
-      redis.call('DEL', KEYS[i])
-    elseif k ~= 0 then -- digits, not Lua numbers: Redis 7.2.0-7.2.4 sends 1e8 as "1e+08"
-      local state, us = string.format('%d', now + du), du
-      if df > 0 then
-        state, us = string.format('%d+%d/%d', now + du, df, q), du + 1
-      end
-      redis.call('SET', KEYS[i], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
-    end
-    reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
-  end
 end
 return reply

@@ -13,12 +13,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatch bounds a pipeline: small writes, few callers held up by a slow reply.
+// maxBatch bounds a batch: small writes, few callers held up by a slow reply.
 const maxBatch = 128
 
-// A batcher sends one Redis node's (or a Ring's) calls in pipelines, by a worker
-// that exits once none are queued. At 64 goroutines on one node, 1.7-2.6 times
-// the decisions/s of a call per Take (make bench-peers, tollgate-batch0).
+// A batcher sends one Redis node's (or a Ring's) calls in batches, by a worker
+// that exits once none are queued: on a single node one script call, else a
+// pipeline. At 64 goroutines on one node, 2.0-2.9 times the decisions/s of a
+// call per Take (3 passes of go test -bench Decide/redis/tollgate in bench/).
 type batcher struct {
 	r      *Redis
 	client redis.UniversalClient // the node's client (or the Ring)
@@ -130,6 +131,10 @@ func (b *batcher) send(batch []*call) {
 	}
 	ctx, cancel := batchContext(batch[n:])
 	defer cancel()
+	if !b.r.tagged && len(batch)-n > 1 {
+		b.merged(ctx, batch, &n)
+		return
+	}
 	p := b.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	for i, c := range batch[n:] {
@@ -151,6 +156,42 @@ func (b *batcher) send(batch []*call) {
 		}
 		n++
 		c.answer(err)
+	}
+}
+
+// merged runs batch[*n:] as one script call, each call a group of its own
+// (a single node takes any keys in one call), and answers them in order,
+// counting in *n. One script call instead of one per Take: Redis spends about
+// half the CPU per decision at 64 goroutines (make bench-peers, capacity).
+func (b *batcher) merged(ctx context.Context, batch []*call, n *int) {
+	calls, args, replies := batch[*n:], []any{evalsha, shaArg, 0}, 0
+	for _, c := range calls {
+		args[2] = args[2].(int) + c.args[2].(int)
+		args = append(args, c.args[3:3+c.args[2].(int)]...)
+		replies += 1 + len(c.debts)
+	}
+	for _, c := range calls {
+		args = append(args, c.args[3+c.args[2].(int):]...)
+	}
+	reply, err := b.client.Do(ctx, args...).Result()
+	v, ok := reply.([]any)
+	if err == nil && (!ok || len(v) != replies) {
+		err = fmt.Errorf("unexpected script reply %v", reply)
+	}
+	for _, c := range calls { // c is its caller's once answered
+		*n++
+		switch m := 1 + len(c.debts); {
+		case err != nil && isNoScript(err):
+			c.answer(b.r.run(c.ctx, c)) // alone, as EVAL
+		case err != nil:
+			c.answer(fmt.Errorf("store: take %q: %w", c.key, err))
+		case !c.parse(v[:m]):
+			v = v[m:]
+			c.answer(fmt.Errorf("store: take %q: unexpected script reply %v", c.key, reply))
+		default:
+			v = v[m:]
+			c.answer(nil)
+		}
 	}
 }
 

@@ -22,10 +22,10 @@ import (
 )
 
 // pipeCounter is a client hook that counts the writes of script calls (a
-// single command or a pipeline), the calls in them, and the most writes in
-// flight at once.
+// single command or a pipeline), the calls in them, the keys they decide, and
+// the most writes in flight at once.
 type pipeCounter struct {
-	sends, calls          atomic.Int64
+	sends, calls, keys    atomic.Int64
 	inFlight, maxInFlight atomic.Int64
 	mu                    sync.Mutex
 	sizes                 map[int]int
@@ -33,10 +33,16 @@ type pipeCounter struct {
 
 func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
 
-func (h *pipeCounter) count(n int) func() {
+func (h *pipeCounter) count(cmds ...redis.Cmder) func() {
+	n := len(cmds)
 	atomicMax(&h.maxInFlight, h.inFlight.Add(1))
 	h.sends.Add(1)
 	h.calls.Add(int64(n))
+	for _, cmd := range cmds {
+		if k, ok := cmd.Args()[2].(int); ok {
+			h.keys.Add(int64(k))
+		}
+	}
 	h.mu.Lock()
 	if h.sizes == nil {
 		h.sizes = map[int]int{}
@@ -50,7 +56,7 @@ func (h *pipeCounter) DialHook(next redis.DialHook) redis.DialHook { return next
 func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if isScript(cmd) {
-			defer h.count(1)()
+			defer h.count(cmd)()
 		}
 		return next(ctx, cmd)
 	}
@@ -58,7 +64,7 @@ func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if isScript(cmds[0]) { // not the connection's handshake
-			defer h.count(len(cmds))()
+			defer h.count(cmds...)()
 		}
 		return next(ctx, cmds)
 	}
@@ -166,8 +172,13 @@ func TestBatchingCoalescesAndRoutes(t *testing.T) {
 			takes, sends := int64(goroutines*rounds), h.sends.Load()
 			t.Logf("%d Takes in %d writes (%.1f per write), at most %d in flight; calls per write: %v",
 				takes, sends, float64(h.calls.Load())/float64(sends), h.maxInFlight.Load(), h.sizes)
-			if h.calls.Load() != takes {
-				t.Errorf("%d script calls were sent; want one per Take, %d", h.calls.Load(), takes)
+			// On a single node a batch is one script call; on a Cluster
+			// (keys in many slots) a pipeline of one per Take.
+			if h.keys.Load() != takes {
+				t.Errorf("script calls decided %d keys; want one per Take, %d", h.keys.Load(), takes)
+			}
+			if merged := h.calls.Load() < takes; merged != (tc.nodes == 1) {
+				t.Errorf("%d Takes went out in %d script calls; want fewer on a single node, one each on a Cluster", takes, h.calls.Load())
 			}
 			if sends >= takes {
 				t.Errorf("%d Takes from %d goroutines went out in %d writes: nothing was coalesced", takes, goroutines, sends)
@@ -501,12 +512,12 @@ func TestBatchingTakesOfOneBucket(t *testing.T) {
 			}
 
 			limit := store.Limit{Rate: 1, Period: time.Hour, Burst: 500}
-			calls0 := h.calls.Load()
+			calls0, keys0 := h.calls.Load(), h.keys.Load()
 			exactly("hot key", fire("hot", limit, 64, 20), limit.Burst)
-			calls := h.calls.Load() - calls0
+			calls, keys := h.calls.Load()-calls0, h.keys.Load()-keys0
 			t.Logf("1280 Takes of one bucket in %d script calls", calls)
-			if calls != 1280 {
-				t.Errorf("1280 concurrent Takes of one bucket took %d script calls; want one each", calls)
+			if keys != 1280 {
+				t.Errorf("1280 concurrent Takes of one bucket were %d keys of script calls; want one each", keys)
 			}
 			// Buckets with room for 3 Takes when the crowd arrives, and
 			// buckets smaller than a pipeline's worth of Takes.
@@ -526,5 +537,44 @@ func TestBatchingTakesOfOneBucket(t *testing.T) {
 				exactly(key, fire(key, small, 64, 2), 2)
 			}
 		})
+	}
+}
+
+// A batch sent as one script call that meets NOSCRIPT (the script cache
+// flushed just before it) is sent again call by call, each Take counted once.
+func TestBatchingMergedCallAfterScriptFlush(t *testing.T) {
+	leaktest.Check(t)
+	srv := redistest.Server(t)
+	client, admin := srv.Client(t), srv.Client(t)
+	var flushed atomic.Int64
+	client.AddHook(sendHook(func(cmd redis.Cmder) {
+		if k, _ := cmd.Args()[2].(int); isScript(cmd) && k > 1 && flushed.Load() < 5 {
+			flushed.Add(1)
+			admin.ScriptFlush(context.Background())
+		}
+	}))
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	ctx := context.Background()
+	limit := store.Limit{Rate: 1, Period: time.Hour, Burst: 1000}
+	const rounds, goroutines = 5, 64
+	for range rounds {
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if res, err := s.Take(ctx, "k", limit, 1); err != nil || !res.Allowed {
+					t.Errorf("Take = %+v, %v; want allowed", res, err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	res, err := s.Take(ctx, "k", limit, 0)
+	if want := limit.Burst - rounds*goroutines; err != nil || res.Remaining != want {
+		t.Errorf("read back = %+v, %v; want %d remaining: each Take counted once", res, err, want)
+	}
+	if flushed.Load() == 0 {
+		t.Error("no batch went as one script call")
 	}
 }

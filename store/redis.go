@@ -19,8 +19,8 @@ import (
 const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, shared by every server of an
-// application. Each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
-// Redis's clock), sent again as EVAL if Redis lacks the script, and batched
+// application. Each Take is decided in one EVALSHA of [lua.TokenBucket] (atomic,
+// on Redis's clock), sent again as EVAL if Redis lacks the script, and batched
 // with concurrent ones. A restart without persistence refills every bucket.
 // It takes a go-redis Client (single node or Sentinel), ClusterClient or Ring
 // with ContextTimeoutEnabled ([Redis.Validate]). Redis is safe for concurrent
@@ -52,8 +52,10 @@ func WithKeyPrefix(prefix string) RedisOption { return func(r *Redis) { r.prefix
 
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
-// Below n in flight a Take goes out alone at once, else in the next pipeline
-// of up to 128 EVALSHAs; on a Cluster, per master (a redirect is sent alone).
+// Below n in flight a Take goes out alone at once, else with up to 127 others
+// queued meanwhile: on a single node in one EVALSHA deciding each on its own;
+// on a Cluster or Ring in a pipeline of an EVALSHA each, per master (a redirect
+// is sent alone).
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {
@@ -330,6 +332,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 	for _, i := range g {
 		c.args = append(c.args, r.key(reqs[i].Key, ps[i].spec))
 	}
+	c.args = append(c.args, len(g)) // one group: all or nothing
 	for _, i := range g {
 		var k any = ps[i].k1 // boxed once: boxing an integer above 255 allocates
 		if ps[i].block > 0 {
@@ -443,17 +446,21 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 		}
 		return fmt.Errorf("store: take %q: %w", c.key, err)
 	}
-	v, ok := reply.([]any)
-	ok = ok && len(v) == 1+len(c.debts)
+	if v, ok := reply.([]any); !ok || !c.parse(v) {
+		return fmt.Errorf("store: take %q: unexpected script reply %v", c.key, reply)
+	}
+	return nil
+}
+
+// parse reads c's group of a script reply, v: allowed, then c's debts.
+func (c *call) parse(v []any) bool {
+	ok := len(v) == 1+len(c.debts)
 	for i := 0; ok && i < len(c.debts); i++ {
 		c.debts[i], ok = v[1+i].(int64)
 		ok = ok && c.debts[i] >= 0
 	}
-	if !ok {
-		return fmt.Errorf("store: take %q: unexpected script reply %v", c.key, reply)
-	}
-	c.allowed = v[0] == int64(1)
-	return nil
+	c.allowed = ok && v[0] == int64(1)
+	return ok
 }
 
 // isNoScript reports whether err says Redis lacks the script (which proxies
@@ -471,12 +478,12 @@ var evalsha, shaArg, eval, srcArg = any("evalsha"), any(lua.TokenBucketSHA1), an
 type call struct {
 	ctx      context.Context
 	key      string // the caller's first key, for errors
-	args     []any  // evalsha, sha, n, n keys, 3 arguments per key
+	args     []any  // evalsha, sha, n, n keys, n, 3 (or 7) arguments per key
 	allowed  bool
-	debts    []int64 // du, df per key: the reply
+	debts    []int64 // du, df per key (a window: 4): the reply
 	err      error
 	done     chan struct{} // signalled when a worker has answered
-	argsBuf  [11]any       // the backing arrays of a Take's call
+	argsBuf  [12]any       // the backing arrays of a Take's call
 	debtsBuf [4]int64
 }
 
@@ -488,7 +495,7 @@ func newCall(ctx context.Context, key string, n, replies int) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.key, c.args, c.debts = ctx, key, c.argsBuf[:0], c.debtsBuf[:0]
 	if n > 1 {
-		c.args, c.debts = make([]any, 0, 3+8*n), make([]int64, 0, replies)
+		c.args, c.debts = make([]any, 0, 4+8*n), make([]int64, 0, replies)
 	}
 	c.args, c.debts = append(c.args, evalsha, shaArg, n), c.debts[:replies]
 	return c
