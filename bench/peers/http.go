@@ -36,6 +36,9 @@ func NewMiddleware(c Config, key KeyFunc) (func(http.Handler) http.Handler, func
 		if c.DenyCache != 0 {
 			opts = append(opts, middleware.WithDenyCache(c.DenyCache))
 		}
+		if c.NoHeaders {
+			opts = append(opts, middleware.WithHeaders(0))
+		}
 		lim, err := middleware.New(st, l, opts...)
 		if err != nil {
 			closeFn()

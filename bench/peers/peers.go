@@ -85,6 +85,8 @@ type Config struct {
 	// DenyCache, when not 0, is maxKeys in tollgate's
 	// middleware.WithDenyCache(maxKeys) (HTTP only).
 	DenyCache int
+	// NoHeaders turns tollgate's rate-limit headers off (HTTP only).
+	NoHeaders bool
 }
 
 func (c Config) check() error {
@@ -102,7 +104,7 @@ func (c Config) check() error {
 	}
 	for _, l := range Libs(c.Backend) {
 		if l == c.Lib {
-			if c.Lib != Tollgate && (c.Batching != nil || c.DenyCache != 0) {
+			if c.Lib != Tollgate && (c.Batching != nil || c.DenyCache != 0 || c.NoHeaders) {
 				return fmt.Errorf("peers: batching and the deny cache are tollgate options, not %s's", c.Lib)
 			}
 			if c.Batching != nil && c.Backend != Redis {
@@ -403,7 +405,7 @@ func (x *xrateMap) Close() error { return nil }
 func Describe(lib string) string {
 	switch lib {
 	case Tollgate:
-		return "token bucket (GCRA), one EVALSHA per decision on Redis"
+		return "token bucket (GCRA); on Redis one EVALSHA per decision, or per batch of concurrent ones (single node)"
 	case Httprate:
 		return "sliding-window counter, no burst; on Redis MGET, then MULTI/INCRBY/EXPIRE/EXEC when allowed, under a process-wide mutex"
 	case Ulule:

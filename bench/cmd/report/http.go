@@ -45,7 +45,7 @@ type httpVariant struct {
 }
 
 func (r *report) httpVariants(backend string) []httpVariant {
-	var vs []httpVariant
+	vs := []httpVariant{{name: "bare handler", lib: "bare"}} // no middleware: the ceiling
 	for _, lib := range peers.Libs(backend) {
 		vs = append(vs, httpVariant{name: lib, lib: lib})
 		if lib != peers.Tollgate {
@@ -56,6 +56,9 @@ func (r *report) httpVariants(backend string) []httpVariant {
 		}
 		vs = append(vs, httpVariant{name: "tollgate-denycache", lib: lib,
 			flags: []string{"-deny-cache", strconv.Itoa(r.cfg.denyCache)}})
+		if backend == peers.Memory {
+			vs = append(vs, httpVariant{name: "tollgate-noheaders", lib: lib, flags: []string{"-no-headers"}})
+		}
 	}
 	return vs
 }

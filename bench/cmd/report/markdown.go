@@ -219,7 +219,8 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 		"`used_cpu_sys_main_thread` of `INFO cpu`, network included), which is what bounds the decisions per "+
 		"second of a Redis core; and the commands Redis ran, from the `calls` of `INFO commandstats` before and "+
 		"after the measured run — which include the commands a Lua script runs (tollgate's EVALSHA runs TIME, "+
-		"GET and, when it takes tokens, SET).\n\n", r.cfg.conns, r.cfg.httpDur, r.cfg.warmup, r.cfg.httpRounds, r.cores)
+		"GET and, when it takes tokens, SET, once per decision; on one node, concurrent decisions share one EVALSHA and its TIME). "+
+		"\"bare handler\" is the handler with no middleware; tollgate-noheaders is tollgate with `WithHeaders(0)`.\n\n", r.cfg.conns, r.cfg.httpDur, r.cfg.warmup, r.cfg.httpRounds, r.cores)
 	for _, backend := range []string{peers.Redis, peers.Memory} {
 		for _, w := range r.httpWorkloads() {
 			rows := r.httpRowsFor(backend, w.name)
@@ -227,16 +228,19 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 				continue
 			}
 			p("### %s: %s\n\n", backendTitle(backend), w.title)
-			p("| library | req/s | × tollgate | p50 | p99 | 200 | 429 | errors, other |")
+			p("| library | req/s | × tollgate | × bare | p50 | p99 | 200 | 429 | errors, other |")
 			if backend == peers.Redis {
-				p(" round trips | commands sent | Redis CPU | commands Redis ran |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+				p(" round trips | commands sent | Redis CPU | commands Redis ran |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 			} else {
-				p("\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
+				p("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 			}
-			var base float64
+			var base, bare float64
 			for _, row := range rows {
 				if row.variant == peers.Tollgate && row.err == nil {
 					base = row.combined().RPS
+				}
+				if row.variant == "bare handler" && row.err == nil {
+					bare = row.combined().RPS
 				}
 			}
 			for _, row := range rows {
@@ -245,9 +249,12 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 					continue
 				}
 				res := row.combined()
-				ratio := "–"
+				ratio, ofBare := "–", "–"
 				if base > 0 {
 					ratio = fmt.Sprintf("%.2f", res.RPS/base)
+				}
+				if bare > 0 {
+					ofBare = fmt.Sprintf("%.2f", res.RPS/bare)
 				}
 				other := res.Errors
 				for s, n := range res.Status {
@@ -255,7 +262,7 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 						other += n
 					}
 				}
-				p("| %s | %s | %s | %s | %s | %d | %d | %d ", row.variant, fmtRate(res.RPS), ratio,
+				p("| %s | %s | %s | %s | %s | %s | %d | %d | %d ", row.variant, fmtRate(res.RPS), ratio, ofBare,
 					fmtMicros(res.P50us), fmtMicros(res.P99us), res.Status["200"], res.Status["429"], other)
 				if backend == peers.Redis {
 					if d := row.redis; d != nil && res.Requests > 0 {
@@ -340,7 +347,7 @@ func (r *report) ceilingMarkdown(b *bytes.Buffer) {
 	p("## 4. The ceiling: redis-benchmark running tollgate's script\n\n")
 	p("`lua.TokenBucket` loaded with `SCRIPT LOAD`, then run by `redis-benchmark` (in C, no Go client " +
 		"between) with the arguments `store.Redis` sends for a Take of cost 1 (`lua/tokenbucket.lua` with " +
-		"one key: `EVALSHA <sha> 1 <key> <k> <cap> <q>`; for a limit of R tokens per P µs, burst B, and " +
+		"one key, a group of one: `EVALSHA <sha> 1 <key> 1 <k> <cap> <q>`; for a limit of R tokens per P µs, burst B, and " +
 		"g = gcd(R, P): q = R/g, a token is t = P/g units of 1/q µs, cap = B·t and k = t; the commands " +
 		"below): what this machine's redis-server can decide at most, one command per round " +
 		"trip (`-P 1`) or 16 (`-P 16`). The last columns set tollgate's `store.Redis` from section 1 against it, " +
@@ -349,8 +356,8 @@ func (r *report) ceilingMarkdown(b *bytes.Buffer) {
 		"load between the two. \"EVALSHA in Redis\" is the script's own time (`usec` over `calls` of " +
 		"`cmdstat_evalsha`); \"Redis CPU\" is the main thread's CPU time over the same calls, network " +
 		"included: one Redis core cannot run the script faster than once per that many microseconds. " +
-		"Every Take is one script call, batched or not, so the store cannot decide more often than Redis " +
-		"can run the script.\n\n")
+		"Without batching every Take is one script call, so the store cannot decide more often than Redis " +
+		"runs the script; with it, on one node, concurrent Takes share one call (and its TIME), so it can pass that.\n\n")
 	p("| run | decisions/s | p50 | p99 | EVALSHA in Redis | Redis CPU per EVALSHA | tollgate store.Redis | decisions/s | share of ceiling |\n")
 	p("|---|--:|--:|--:|--:|--:|---|--:|--:|\n")
 	for _, row := range r.ceilRows {
@@ -476,8 +483,8 @@ func (r *report) capacityMarkdown(b *bytes.Buffer) {
 		"decisions; \"in commands\" the time Redis counted inside them (`usec` of `INFO commandstats`); " +
 		"\"commands\" what it ran per decision, a script's own included. Decisions per core are 10⁶ over the " +
 		"CPU; masters for 10⁶ decisions/s assume Cluster spreads the keys evenly and each master gives 80 %% of " +
-		"its core to them. tollgate batches by default (concurrent Takes share a pipeline: fewer reads and " +
-		"writes of the socket per decision); `tollgate-batch0` is the same store without. \"2 policies\" is " +
+		"its core to them. tollgate batches by default (on one node, concurrent Takes share one script call: one " +
+		"EVALSHA, one TIME, fewer reads and writes of the socket per decision); `tollgate-batch0` is the same store without. \"2 policies\" is " +
 		"one `TakeAll` of two buckets of one subject: one script call.\n\n")
 	p("| library | workload | Redis CPU / decision | in commands | commands | decisions/s per Redis core | masters for 10⁶/s | failed |\n")
 	p("|---|---|--:|--:|--:|--:|--:|--:|\n")

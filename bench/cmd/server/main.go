@@ -53,6 +53,7 @@ func run() error {
 		burst     = flag.Int("burst", 0, "bucket capacity (0: -limit); only token-bucket libraries have one")
 		batching  = flag.Int("batching", -1, "tollgate on Redis: store.WithBatching(n); -1 leaves the store's default")
 		denyCache = flag.Int("deny-cache", 0, "tollgate: middleware.WithDenyCache(maxKeys); 0 leaves it off")
+		noHeaders = flag.Bool("no-headers", false, "tollgate: middleware.WithHeaders(0), no rate-limit headers")
 		addr      = flag.String("addr", "127.0.0.1:0", "listen address")
 		lifetime  = flag.Duration("max-lifetime", 10*time.Minute, "exit after this long whatever happens")
 		eofExit   = flag.Bool("exit-on-eof", false, "exit when standard input closes")
@@ -70,6 +71,7 @@ func run() error {
 		Backend:   *backend,
 		Limit:     store.Limit{Rate: *limit, Period: *period, Burst: *burst},
 		DenyCache: *denyCache,
+		NoHeaders: *noHeaders,
 	}
 	if *batching >= 0 {
 		cfg.Batching = batching
