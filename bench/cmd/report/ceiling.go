@@ -123,8 +123,8 @@ func (r *report) ceiling(ctx context.Context) error {
 // scriptArgs returns the ARGV that store.Redis gives the script for a Take
 // of cost 1 under l, as it sends them: a go-redis hook records one Take on a
 // scratch key (deleted afterwards), so that the ceiling runs exactly the
-// store's call. That call is lua/tokenbucket.lua with one key,
-// EVALSHA <sha> 1 <key> <k> <cap> <q>: for l = R tokens per P µs, burst B,
+// store's call. That call is lua/tokenbucket.lua with one key in a group of
+// one, EVALSHA <sha> 1 <key> 1 <k> <cap> <q>: for l = R tokens per P µs, burst B,
 // and g = gcd(R, P), q = R/g, t = P/g, cap = B*t and k = t (a cost of 1).
 func scriptArgs(ctx context.Context, addr string, l store.Limit) ([]string, error) {
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
@@ -150,8 +150,8 @@ func scriptArgs(ctx context.Context, addr string, l store.Limit) ([]string, erro
 	if len(argv) == 0 {
 		return nil, fmt.Errorf("ceiling: the store's Take sent no script call")
 	}
-	if numkeys != "1" || len(argv) != 3 {
-		return nil, fmt.Errorf("ceiling: the store's Take sent %s keys and arguments %q; want 1 key and <k> <cap> <q>", numkeys, argv)
+	if numkeys != "1" || len(argv) != 4 || argv[0] != "1" {
+		return nil, fmt.Errorf("ceiling: the store's Take sent %s keys and arguments %q; want 1 key and 1 <k> <cap> <q>", numkeys, argv)
 	}
 	return argv, nil
 }
