@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +17,10 @@ import (
 // maxBatch bounds a batch: small writes, few callers held up by a slow reply.
 const maxBatch = 128
 
-// A batcher sends one Redis node's (or a Ring's) calls in batches, by a worker
-// that exits once none are queued: on a single node one script call, else a
-// pipeline. At 64 goroutines on one node, 2.0-2.9 times the decisions/s of a
-// call per Take (3 passes of go test -bench Decide/redis/tollgate in bench/).
+// A batcher sends one Redis node's (or a Ring's) calls in pipelines, by a
+// worker that exits once none are queued; the calls of one hash tag share a
+// script call. At 64 goroutines on one node, 2.0-2.9 times the decisions/s of
+// a call per Take (3 passes of go test -bench Decide/redis/tollgate in bench/).
 type batcher struct {
 	r      *Redis
 	client redis.UniversalClient // the node's client (or the Ring)
@@ -106,7 +107,7 @@ func (b *batcher) work() {
 }
 
 // send runs batch in one pipeline and answers every call, in order (batch[:n]
-// are answered). On a client hook's panic or Goexit, the rest get an error.
+// are answered; a tag's calls are adjacent). On a client hook's panic or Goexit, the rest get an error.
 func (b *batcher) send(batch []*call) {
 	n := 0
 	defer func() {
@@ -131,68 +132,79 @@ func (b *batcher) send(batch []*call) {
 	}
 	ctx, cancel := batchContext(batch[n:])
 	defer cancel()
-	if !b.r.tagged && len(batch)-n > 1 {
-		b.merged(ctx, batch, &n)
-		return
+	// One script call per hash tag (on a single node, one for all): Redis
+	// spends half the CPU per decision at 64 goroutines (make bench-peers,
+	// capacity). A tag's calls are made adjacent, to be answered in order.
+	live := batch[n:]
+	if b.r.tagged {
+		slices.SortStableFunc(live, func(x, y *call) int { return bytes.Compare(x.tag[:], y.tag[:]) })
 	}
 	p := b.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
-	for i, c := range batch[n:] {
-		cmds[n+i] = p.Do(ctx, c.args...)
+	var units [][]*call
+	var cmds []*redis.Cmd
+	for len(live) > 0 {
+		m := 1
+		for m < len(live) && (!b.r.tagged || live[m].tag == live[0].tag) {
+			m++
+		}
+		units, live = append(units, live[:m]), live[m:]
+		cmds = append(cmds, p.Do(ctx, merge(units[len(units)-1])...))
 	}
 	_, perr := p.Exec(ctx)
-	for n < len(batch) {
-		c, cmd := batch[n], cmds[n]
+	for i, u := range units {
+		cmd := cmds[i]
 		err := cmd.Err()
 		if err == nil && cmd.Val() == nil && perr != nil {
 			cmd.SetErr(perr) // never answered: the connection failed first
 			err = perr
 		}
-		if err != nil && (isNoScript(err) || (b.r.cluster != nil && isRedirect(err))) {
-			// Sent again alone: as EVAL, or via the Cluster client (redirects).
-			err = b.r.run(c.ctx, c)
-		} else {
-			err = b.r.read(ctx, c, cmd)
+		// Sent again alone: as EVAL, or via the Cluster client (redirects).
+		alone := err != nil && (isNoScript(err) || (b.r.cluster != nil && isRedirect(err)))
+		v, _ := cmd.Val().([]any)
+		if replies := 0; err == nil && len(u) > 1 {
+			for _, c := range u {
+				replies += 1 + len(c.debts)
+			}
+			if len(v) != replies {
+				err = fmt.Errorf("unexpected script reply %v", cmd.Val())
+			}
 		}
-		n++
-		c.answer(err)
+		for _, c := range u { // c is its caller's once answered
+			m, cerr := 1+len(c.debts), error(nil)
+			switch {
+			case alone:
+				cerr = b.r.run(c.ctx, c)
+			case len(u) == 1 || cmd.Err() != nil:
+				cerr = b.r.read(ctx, c, cmd)
+			case err != nil:
+				cerr = fmt.Errorf("store: take %q: %w", c.key, err)
+			case !c.parse(v[:m]):
+				cerr = fmt.Errorf("store: take %q: unexpected script reply %v", c.key, cmd.Val())
+			}
+			if err == nil && len(u) > 1 {
+				v = v[m:]
+			}
+			n++
+			c.answer(cerr)
+		}
 	}
 }
 
-// merged runs batch[*n:] as one script call, each call a group of its own
-// (a single node takes any keys in one call), and answers them in order,
-// counting in *n. One script call instead of one per Take: Redis spends about
-// half the CPU per decision at 64 goroutines (make bench-peers, capacity).
-func (b *batcher) merged(ctx context.Context, batch []*call, n *int) {
-	calls, args, replies := batch[*n:], []any{evalsha, shaArg, 0}, 0
+// merge returns the arguments of one script call for calls, each a group of
+// its own: a call's own, or all their keys, then all their groups.
+func merge(calls []*call) []any {
+	if len(calls) == 1 {
+		return calls[0].args
+	}
+	args := []any{evalsha, shaArg, 0}
 	for _, c := range calls {
 		args[2] = args[2].(int) + c.args[2].(int)
 		args = append(args, c.args[3:3+c.args[2].(int)]...)
-		replies += 1 + len(c.debts)
 	}
 	for _, c := range calls {
 		args = append(args, c.args[3+c.args[2].(int):]...)
 	}
-	reply, err := b.client.Do(ctx, args...).Result()
-	v, ok := reply.([]any)
-	if err == nil && (!ok || len(v) != replies) {
-		err = fmt.Errorf("unexpected script reply %v", reply)
-	}
-	for _, c := range calls { // c is its caller's once answered
-		*n++
-		switch m := 1 + len(c.debts); {
-		case err != nil && isNoScript(err):
-			c.answer(b.r.run(c.ctx, c)) // alone, as EVAL
-		case err != nil:
-			c.answer(fmt.Errorf("store: take %q: %w", c.key, err))
-		case !c.parse(v[:m]):
-			v = v[m:]
-			c.answer(fmt.Errorf("store: take %q: unexpected script reply %v", c.key, reply))
-		default:
-			v = v[m:]
-			c.answer(nil)
-		}
-	}
+	return args
 }
 
 // batchContext returns a pipeline's context: its first call's values (for

@@ -516,8 +516,8 @@ func TestBatchingTakesOfOneBucket(t *testing.T) {
 			exactly("hot key", fire("hot", limit, 64, 20), limit.Burst)
 			calls, keys := h.calls.Load()-calls0, h.keys.Load()-keys0
 			t.Logf("1280 Takes of one bucket in %d script calls", calls)
-			if keys != 1280 {
-				t.Errorf("1280 concurrent Takes of one bucket were %d keys of script calls; want one each", keys)
+			if keys != 1280 || calls >= keys {
+				t.Errorf("1280 concurrent Takes of one bucket were %d keys of %d script calls; want one each, sharing calls", keys, calls)
 			}
 			// Buckets with room for 3 Takes when the crowd arrives, and
 			// buckets smaller than a pipeline's worth of Takes.
@@ -577,4 +577,77 @@ func TestBatchingMergedCallAfterScriptFlush(t *testing.T) {
 	if flushed.Load() == 0 {
 		t.Error("no batch went as one script call")
 	}
+}
+
+// Takes of one hot key on a Cluster share a script call; when its slot has
+// moved to another master, that call's MOVED sends each Take again alone
+// through the Cluster client, each counted once.
+func TestBatchingMergedCallMoved(t *testing.T) {
+	leaktest.Check(t)
+	cl := redistest.Cluster(t)
+	if cl.External {
+		t.Skip("moves a slot between masters")
+	}
+	client := cl.Client(t)
+	h := countScripts(client)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	ctx := context.Background()
+	limit := store.Limit{Rate: 1, Period: time.Hour, Burst: 1000}
+	if _, err := s.Take(ctx, "hot", limit, 1); err != nil { // the slot map and the master's batcher
+		t.Fatal(err)
+	}
+	key := s.Key("hot")
+	from := cl.MasterFor(key)
+	admin := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	src := admin(from.Addr)
+	var dst *redis.Client
+	for _, addr := range cl.Addrs {
+		if c := admin(addr); addr != from.Addr && c.Do(ctx, "ROLE").Val().([]any)[0] == "master" {
+			dst = c
+			break
+		}
+	}
+	slot := src.ClusterKeySlot(ctx, key).Val()
+	srcID, dstID := src.Do(ctx, "CLUSTER", "MYID").Val(), dst.Do(ctx, "CLUSTER", "MYID").Val()
+	host, port, _ := strings.Cut(dst.Options().Addr, ":")
+	for _, cmd := range [][]any{
+		{dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID},
+		{src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID},
+		{src, "MIGRATE", host, port, "", 0, 5000, "KEYS", key},
+		{dst, "CLUSTER", "SETSLOT", slot, "NODE", dstID},
+		{src, "CLUSTER", "SETSLOT", slot, "NODE", dstID},
+	} {
+		if err := cmd[0].(*redis.Client).Do(ctx, cmd[1:]...).Err(); err != nil {
+			t.Fatalf("%v: %v", cmd[1:], err)
+		}
+	}
+	calls0, keys0 := h.calls.Load(), h.keys.Load()
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				res, err := s.Take(ctx, "hot", limit, 1)
+				if err != nil {
+					t.Errorf("Take after the slot moved: %v", err)
+					return
+				}
+				if res.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res, err := s.Take(ctx, "hot", limit, 0)
+	if want := limit.Burst - 1 - 256; err != nil || allowed.Load() != 256 || res.Remaining != want {
+		t.Errorf("%d of 256 allowed, read back %+v, %v; want all, %d remaining", allowed.Load(), res, err, want)
+	}
+	t.Logf("256 Takes: %d script calls of %d keys", h.calls.Load()-calls0, h.keys.Load()-keys0)
 }

@@ -53,9 +53,9 @@ func WithKeyPrefix(prefix string) RedisOption { return func(r *Redis) { r.prefix
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
 // Below n in flight a Take goes out alone at once, else with up to 127 others
-// queued meanwhile: on a single node in one EVALSHA deciding each on its own;
-// on a Cluster or Ring in a pipeline of an EVALSHA each, per master (a redirect
-// is sent alone).
+// queued meanwhile, in one pipeline of an EVALSHA per hash tag (on a single
+// node, one for all) that decides each Take on its own; on a Cluster, per
+// master (a redirect is sent alone).
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {
@@ -329,6 +329,9 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		replies += ps[i].replies()
 	}
 	c := newCall(ctx, reqs[g[0]].Key, len(g), replies)
+	if r.tagged { // a group's keys share it
+		c.tag = tag(reqs[g[0]].Key)
+	}
 	for _, i := range g {
 		c.args = append(c.args, r.key(reqs[i].Key, ps[i].spec))
 	}
@@ -477,8 +480,9 @@ var evalsha, shaArg, eval, srcArg = any("evalsha"), any(lua.TokenBucketSHA1), an
 // A call is one script call: a Take, or one group of a TakeAll.
 type call struct {
 	ctx      context.Context
-	key      string // the caller's first key, for errors
-	args     []any  // evalsha, sha, n, n keys, n, 3 (or 7) arguments per key
+	key      string  // the caller's first key, for errors
+	tag      [8]byte // its hash tag on a Cluster or Ring: a batch's calls of one tag go in one call
+	args     []any   // evalsha, sha, n, n keys, n, 3 (or 7) arguments per key
 	allowed  bool
 	debts    []int64 // du, df per key (a window: 4): the reply
 	err      error
