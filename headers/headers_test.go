@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -154,10 +153,10 @@ func TestWriteDraft11(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := writeAll(Draft11, epoch, tt.quotas...)
-			if got := h["Ratelimit-Policy"]; !reflect.DeepEqual(got, []string{tt.wantPolicy}) {
+			if got := h["Ratelimit-Policy"]; !slices.Equal(got, []string{tt.wantPolicy}) {
 				t.Errorf("RateLimit-Policy: got %q, want %q", got, tt.wantPolicy)
 			}
-			if got := h["Ratelimit"]; !reflect.DeepEqual(got, []string{tt.wantLimit}) {
+			if got := h["Ratelimit"]; !slices.Equal(got, []string{tt.wantLimit}) {
 				t.Errorf("RateLimit: got %q, want %q", got, tt.wantLimit)
 			}
 			if len(h) != 2 {
@@ -207,7 +206,7 @@ func TestWriteDraft11MergesWithExisting(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h := http.Header{"Ratelimit": slices.Clone(tt.existing)}
 			Write(h, Draft11, q, epoch)
-			if got := h["Ratelimit"]; !reflect.DeepEqual(got, []string{tt.want}) {
+			if got := h["Ratelimit"]; !slices.Equal(got, []string{tt.want}) {
 				t.Errorf("RateLimit: got %q, want %q", got, tt.want)
 			}
 		})
@@ -394,7 +393,7 @@ func TestWriteProfiles(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.p.String(), func(t *testing.T) {
 			h := writeAll(tt.p, now, q)
-			if got := fields(h); !reflect.DeepEqual(got, tt.want) {
+			if got := fields(h); !slices.Equal(got, tt.want) {
 				t.Errorf("got %q\nwant %q", got, tt.want)
 			}
 		})
@@ -429,7 +428,7 @@ func TestWriteValuesDoNotShareCapacity(t *testing.T) {
 		`Ratelimit-Reset: 0`,
 		`Ratelimit: "a";r=1;t=0 | extra`,
 	}
-	if got := fields(h); !reflect.DeepEqual(got, want) {
+	if got := fields(h); !slices.Equal(got, want) {
 		t.Errorf("after Add:\n got %q\nwant %q", got, want)
 	}
 }
@@ -569,7 +568,7 @@ func TestWriteRetryAfter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			writeRetryAfter(tt.h, tt.d, now)
-			if got := tt.h["Retry-After"]; !reflect.DeepEqual(got, []string{tt.want}) {
+			if got := tt.h["Retry-After"]; !slices.Equal(got, []string{tt.want}) {
 				t.Errorf("Retry-After: got %q, want %q", got, tt.want)
 			}
 		})
