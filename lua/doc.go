@@ -21,8 +21,12 @@
 // Groups are decided one after another: a later group sees an earlier one's
 // writes (a key may be in several). The reply is, per group, {allowed, du1,
 // df1, ..., dum, dfm}, flattened: allowed is 1 if the group's ks were applied,
-// and bucket i's debt after the call is dui + dfi/q µs (0 <= dfi < q). From a
-// debt D = du*q + df units, a caller reads
+// and bucket i's debt after the call is dui + dfi/q µs (0 <= dfi < q); it is
+// -1 if a key of the group holds a value of another type (nothing of the group
+// written, its values meaningless), and a call of one group replies Redis's
+// error instead. Every argument is checked before anything is read or written,
+// so an "ERR tollgate:" reply has written nothing. From a debt D = du*q + df
+// units, a caller reads
 //
 //	remaining       = floor((cap - D) / t), at least 0   whole tokens left
 //	reset_after_us  = du + (1 if df > 0)                  until the bucket is full

@@ -10,10 +10,43 @@
 -- sets the TTL to the time until full; a full bucket is deleted. A window
 -- quota's arguments are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
 -- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur, start.
--- The reply is, per group, 1 if its ks were applied (else 0), then its keys'.
+-- The reply is, per group, 1 if its ks were applied (else 0; -1 if a key
+-- holds another type), then its keys'.
 
 local LIMIT = 1125899906842624 -- 2^50
-if not redis.REDIS_VERSION_NUM then -- before Redis 7 (and < 5 needs it): writes after TIME
+
+-- Check every group's arguments before anything is read or written: an
+-- error reply has written nothing.
+local groups, i, j = 0, 1, 1
+while j <= #ARGV do
+  local m = tonumber(ARGV[j])
+  if not (m and m >= 1 and m % 1 == 0 and i + m - 1 <= #KEYS) then
+    return redis.error_reply('ERR tollgate: invalid arguments')
+  end
+  j = j + 1
+  for _ = 1, m do
+    local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+    if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
+        and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
+      return redis.error_reply('ERR tollgate: invalid arguments')
+    end
+    if q < 1 then
+      local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
+      if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
+          and b0 < b1 and b1 < b2 and b2 < b3) then
+        return redis.error_reply('ERR tollgate: invalid window bounds')
+      end
+      j = j + 4
+    end
+    j = j + 3
+  end
+  i, groups = i + m, groups + 1
+end
+if i ~= #KEYS + 1 or groups == 0 then
+  return redis.error_reply('ERR tollgate: invalid arguments')
+end
+
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then -- Redis < 5: writes after TIME
   redis.replicate_commands()
 end
 local t = redis.call('TIME')
@@ -22,22 +55,24 @@ local now = t[1] * 1000000 + t[2]
 -- Each group: read its keys into their slots of the reply, r + 1...: a
 -- bucket's du, df; a window's now, prev, cur, start (its bounds, and k, in
 -- wins); then, if every k fits, write them. A group sees the writes of the
--- groups before it (one key in two groups is decided twice, in order).
-local reply, wins, i, j, r = {}, nil, 1, 1, 0
+-- groups before it (one key in two groups is decided twice, in order). A
+-- key that cannot be read (another type) fails its group, -1, unwritten; a
+-- call of one group then replies Redis's error.
+local reply, wins, r = {}, nil, 0
+i, j = 1, 1
 while j <= #ARGV do
   local m = tonumber(ARGV[j])
-  if not (m and m >= 1 and m % 1 == 0 and i + m - 1 <= #KEYS) then
-    return redis.error_reply('ERR tollgate: invalid arguments')
-  end
-  local gi, gj, gr, all = i, j + 1, r + 1, true
+  local gi, gj, gr, all, failed = i, j + 1, r + 1, true, false
   j, r = gj, gr
   for i = gi, gi + m - 1 do
     local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-    if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
-        and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
-      return redis.error_reply('ERR tollgate: invalid arguments')
+    local v = redis.pcall('GET', KEYS[i])
+    if type(v) == 'table' then
+      if groups == 1 then
+        return v
+      end
+      v, failed = false, true
     end
-    local v = redis.call('GET', KEYS[i])
     if q >= 1 then -- a token bucket
       local du, df = 0, 0
       if v then
@@ -61,10 +96,6 @@ while j <= #ARGV do
       reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
     else -- a window quota: pick the window of now among the bounds
       local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
-      if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
-          and b0 < b1 and b1 < b2 and b2 < b3) then
-        return redis.error_reply('ERR tollgate: invalid window bounds')
-      end
       local b = {b0, b1, b2, b3}
       local s, e, mid = b0, b1, false
       for w = 2, 3 do
@@ -107,6 +138,9 @@ while j <= #ARGV do
     end
   end
   reply[gr] = all and 1 or 0
+  if failed then
+    reply[gr], all = -1, false
+  end
   i = gi + m
   -- All fit: write, with every k read again from ARGV (a window's from wins).
   local wj, wr = gj, gr
@@ -157,8 +191,5 @@ while j <= #ARGV do
       reply[wr + 1], reply[wr + 2], wj, wr = du, df, wj + 3, wr + 2
     end
   end
-end
-if i ~= #KEYS + 1 or i == 1 then
-  return redis.error_reply('ERR tollgate: invalid arguments')
 end
 return reply

@@ -158,8 +158,12 @@ func (b *batcher) send(batch []*call) {
 			cmd.SetErr(perr) // never answered: the connection failed first
 			err = perr
 		}
-		// Sent again alone: as EVAL, or via the Cluster client (redirects).
-		alone := err != nil && (isNoScript(err) || (b.r.cluster != nil && isRedirect(err)))
+		// Sent again: as EVAL, or via the Cluster client (redirects).
+		again := err != nil && (isNoScript(err) || (b.r.cluster != nil && isRedirect(err)))
+		if again && len(u) > 1 {
+			cmd, again = b.r.do(ctx, merge(u)), false
+			err = cmd.Err()
+		}
 		v, _ := cmd.Val().([]any)
 		if replies := 0; err == nil && len(u) > 1 {
 			for _, c := range u {
@@ -172,12 +176,14 @@ func (b *batcher) send(batch []*call) {
 		for _, c := range u { // c is its caller's once answered
 			m, cerr := 1+len(c.debts), error(nil)
 			switch {
-			case alone:
+			case again:
 				cerr = b.r.run(c.ctx, c)
 			case len(u) == 1 || cmd.Err() != nil:
 				cerr = b.r.read(ctx, c, cmd)
 			case err != nil:
 				cerr = fmt.Errorf("store: take %q: %w", c.key, err)
+			case v[0] == int64(-1): // a key Redis could not read: alone, for its error
+				cerr = b.r.run(c.ctx, c)
 			case !c.parse(v[:m]):
 				cerr = fmt.Errorf("store: take %q: unexpected script reply %v", c.key, cmd.Val())
 			}

@@ -651,3 +651,175 @@ func TestBatchingMergedCallMoved(t *testing.T) {
 	}
 	t.Logf("256 Takes: %d script calls of %d keys", h.calls.Load()-calls0, h.keys.Load()-keys0)
 }
+
+// holdBatches makes the next script call whose first key ends in ":hold"
+// wait until release is called: with one pipeline, the Takes started
+// meanwhile queue, and go out together once released.
+func holdBatches(t *testing.T, client redis.UniversalClient) (release func()) {
+	hold := make(chan struct{})
+	var once sync.Once
+	hook := sendHook(func(cmd redis.Cmder) {
+		if args := cmd.Args(); isScript(cmd) && len(args) > 3 && strings.HasSuffix(fmt.Sprint(args[3]), ":hold") {
+			once.Do(func() { <-hold })
+		}
+	})
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(c *redis.Client) { c.AddHook(hook) })
+	} else {
+		client.AddHook(hook)
+	}
+	var closed sync.Once
+	release = func() { closed.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// A key holding another type fails its own Take only: the Takes merged with
+// it are decided, each spending its one token.
+func TestBatchingMergedCallWithForeignKey(t *testing.T) {
+	leaktest.Check(t)
+	client := redistest.Server(t).Client(t)
+	ctx := context.Background()
+	release := holdBatches(t, client)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	if err := client.LPush(ctx, s.Key("list"), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	limit := store.PerMinute(10)
+	held := make(chan error, 1)
+	go func() { _, err := s.Take(ctx, "hold", limit, 1); held <- err }()
+	time.Sleep(50 * time.Millisecond) // the hold in flight: the rest queue behind it
+	keys := []string{"a0", "a1", "list", "b0", "b1"}
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errs[i] = s.Take(ctx, k, limit, 1) }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	release()
+	wg.Wait()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if k == "list" {
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
+				t.Errorf("Take of a list = %v; want Redis's WRONGTYPE error", errs[i])
+			}
+			continue
+		}
+		res, err := s.Take(ctx, k, limit, 0)
+		if errs[i] != nil || err != nil || res.Remaining != limit.Burst-1 {
+			t.Errorf("Take %q = %v, read back %+v, %v; want allowed, 1 token spent", k, errs[i], res, err)
+		}
+	}
+}
+
+// An invalid group, or a key no group uses, is refused before anything is
+// written, whatever groups come before it.
+func TestScriptRefusesBeforeWriting(t *testing.T) {
+	client := redistest.Server(t).Client(t)
+	ctx := context.Background()
+	ok := []any{1, 1_000_000, 5_000_000, 1} // a group of one bucket: k, cap, q
+	for name, c := range map[string]struct {
+		keys []string
+		argv []any
+	}{
+		"k above cap": {[]string{"r:a", "r:b"}, append(append([]any{}, ok...), 1, 9_000_000, 5_000_000, 1)},
+		"a key left":  {[]string{"r:c", "r:d"}, ok},
+		"bad window":  {[]string{"r:e", "r:f"}, append(append([]any{}, ok...), 1, 1, 5, 0, 4, 3, 2, 1)},
+		"no group":    {[]string{"r:g"}, nil},
+	} {
+		err := client.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.argv...).Err()
+		if isNoScript(err) {
+			client.ScriptLoad(ctx, lua.TokenBucket)
+			err = client.EvalSha(ctx, lua.TokenBucketSHA1, c.keys, c.argv...).Err()
+		}
+		if err == nil || !strings.Contains(err.Error(), "ERR tollgate:") {
+			t.Errorf("%s: %v; want an ERR tollgate: reply", name, err)
+		}
+		if n := client.Exists(ctx, c.keys...).Val(); n != 0 {
+			t.Errorf("%s: %d keys written; want none", name, n)
+		}
+	}
+}
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+// Buckets, window quotas, TakeAll groups, refunds and delayed Takes, each on
+// keys of their own, queued into one merged script call, answer as they do
+// one by one without batching.
+func TestBatchingMergedCallMatchesAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaktest.Check(t)
+			client := tc.client(t)
+			ctx := context.Background()
+			h, b := time.Hour, store.Limit{Rate: 1, Period: time.Hour, Burst: 5}
+			fw, sw, pm := store.FixedWindow(7, h), store.SlidingWindow(11, h), store.PerMinute(9)
+			// ops decide on the keys {x}<i>:... (one hash tag: one call on a Cluster too).
+			type op func(s *store.Redis, k string) ([]store.Result, error)
+			one := func(r store.Result, err error) ([]store.Result, error) { return []store.Result{r}, err }
+			ops := []op{
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"b", b, 2)) },
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"w", fw, 7)) },
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"w", fw, 8)) },
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"s", sw, 3)) },
+				func(s *store.Redis, k string) ([]store.Result, error) {
+					return s.TakeAll(ctx, []store.Request{{Key: k + "t", Limit: pm, Cost: 1}, {Key: k + "t", Limit: sw, Cost: 3}})
+				},
+				func(s *store.Redis, k string) ([]store.Result, error) {
+					return s.TakeAll(ctx, []store.Request{{Key: k + "a", Limit: b, Cost: 5}, {Key: k + "c", Limit: fw, Cost: 8}})
+				},
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Refund(ctx, k+"w", fw, 1)) },
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.TakeDelayed(ctx, k+"d", b, 3, 2*h)) },
+				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"r", b, 0)) },
+			}
+			summary := func(rs []store.Result, err error) string {
+				out := fmt.Sprint(err)
+				for _, r := range rs {
+					out += fmt.Sprintf(" [%v %v %d %v %v %v]", r.Limit, r.Allowed, r.Remaining,
+						r.RetryAfter.Round(time.Minute), r.Delay.Round(time.Minute), r.ResetAfter.Round(time.Minute))
+				}
+				return out
+			}
+			alone := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":alone:"), store.WithBatching(0))
+			var want []string
+			for i, o := range ops {
+				want = append(want, summary(o(alone, fmt.Sprintf("{x}%d:", i))))
+			}
+			release := holdBatches(t, client)
+			s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":merged:"), store.WithBatching(1))
+			if _, err := s.Take(ctx, "{x}warm", pm, 1); err != nil { // the slot map, on a Cluster
+				t.Fatal(err)
+			}
+			held := make(chan error, 1)
+			go func() { _, err := s.Take(ctx, "{x}hold", pm, 1); held <- err }()
+			time.Sleep(50 * time.Millisecond)
+			got := make([]string, len(ops))
+			var wg sync.WaitGroup
+			for i, o := range ops {
+				wg.Add(1)
+				go func() { defer wg.Done(); got[i] = summary(o(s, fmt.Sprintf("{x}%d:", i))) }()
+			}
+			time.Sleep(50 * time.Millisecond)
+			release()
+			wg.Wait()
+			if err := <-held; err != nil {
+				t.Fatal(err)
+			}
+			for i := range ops {
+				if got[i] != want[i] {
+					t.Errorf("op %d batched:\n got %s\nwant %s", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}

@@ -142,7 +142,8 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // Take implements [Store]. It never blocks on I/O and ignores ctx, so it still
 // decides past a deadline (degraded mode); it keeps no reference to key.
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
-	return res, m.take(&res, key, m.id(key), limit, cost, 0, false)
+	err = m.take(&res, key, m.id(key), limit, cost, 0, false)
+	return res, err
 }
 
 // TakeBytes is Take for a key held in bytes, which it neither keeps nor
@@ -158,12 +159,14 @@ func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost in
 
 // TakeDelayed implements [Delayer].
 func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (res Result, err error) {
-	return res, m.take(&res, key, m.id(key), limit, cost, maxDelay, false)
+	err = m.take(&res, key, m.id(key), limit, cost, maxDelay, false)
+	return res, err
 }
 
 // Refund implements [Refunder].
 func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
-	return res, m.take(&res, key, m.id(key), limit, tokens, 0, true)
+	err = m.take(&res, key, m.id(key), limit, tokens, 0, true)
+	return res, err
 }
 
 // take decides n tokens (refund: given back) of bucket k into res, naming

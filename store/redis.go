@@ -430,11 +430,18 @@ func (r *Redis) run(ctx context.Context, c *call) (err error) {
 			err = fmt.Errorf("store: take %q: panic: %v", c.key, v)
 		}
 	}()
-	cmd := r.client.Do(ctx, c.args...)
+	return r.read(ctx, c, r.do(ctx, c.args))
+}
+
+// do sends a script call's args through the client: EVALSHA, then EVAL on NOSCRIPT.
+func (r *Redis) do(ctx context.Context, args []any) *redis.Cmd {
+	cmd := r.client.Do(ctx, args...)
 	if err := cmd.Err(); err != nil && isNoScript(err) {
-		cmd = r.client.Do(ctx, c.eval()...)
+		args = slices.Clone(args)
+		args[0], args[1] = eval, srcArg
+		cmd = r.client.Do(ctx, args...)
 	}
-	return r.read(ctx, c, cmd)
+	return cmd
 }
 
 // read reads c's reply from cmd.
@@ -455,9 +462,9 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 	return nil
 }
 
-// parse reads c's group of a script reply, v: allowed, then c's debts.
+// parse reads c's group of a script reply, v: allowed (1 or 0), then c's debts.
 func (c *call) parse(v []any) bool {
-	ok := len(v) == 1+len(c.debts)
+	ok := len(v) == 1+len(c.debts) && (v[0] == int64(1) || v[0] == int64(0))
 	for i := 0; ok && i < len(c.debts); i++ {
 		c.debts[i], ok = v[1+i].(int64)
 		ok = ok && c.debts[i] >= 0
@@ -503,13 +510,6 @@ func newCall(ctx context.Context, key string, n, replies int) *call {
 	}
 	c.args, c.debts = append(c.args, evalsha, shaArg, n), c.debts[:replies]
 	return c
-}
-
-// eval returns c's arguments for EVAL instead of EVALSHA.
-func (c *call) eval() []any {
-	args := slices.Clone(c.args)
-	args[0], args[1] = eval, srcArg
-	return args
 }
 
 // release returns c to the pool; only its caller does, once no worker holds it.
