@@ -779,7 +779,9 @@ func TestBatchingMergedCallMatchesAlone(t *testing.T) {
 					return s.TakeAll(ctx, []store.Request{{Key: k + "a", Limit: b, Cost: 5}, {Key: k + "c", Limit: fw, Cost: 8}})
 				},
 				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Refund(ctx, k+"w", fw, 1)) },
-				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.TakeDelayed(ctx, k+"d", b, 3, 2*h)) },
+				func(s *store.Redis, k string) ([]store.Result, error) {
+					return one(s.TakeDelayed(ctx, k+"d", b, 3, 2*h))
+				},
 				func(s *store.Redis, k string) ([]store.Result, error) { return one(s.Take(ctx, k+"r", b, 0)) },
 			}
 			summary := func(rs []store.Result, err error) string {
