@@ -47,15 +47,25 @@ var errNilClient = errors.New("NewRedis was given a nil client")
 type RedisOption func(*Redis)
 
 // WithKeyPrefix sets the store's key prefix (default [DefaultKeyPrefix]), used
-// as is: end it with a separator ("myapp:"). Prefixes never share a bucket.
-func WithKeyPrefix(prefix string) RedisOption { return func(r *Redis) { r.prefix = prefix } }
+// as is: end it with a separator ("myapp:"). Prefixes never share a bucket. On
+// a Cluster or Ring a prefix with a brace is an error for [Redis.Validate]: it
+// would pick the slot of every key, or keep a call's keys from sharing one.
+func WithKeyPrefix(prefix string) RedisOption {
+	return func(r *Redis) {
+		r.prefix = prefix
+		if r.tagged && strings.ContainsAny(prefix, "{}") && r.err == nil {
+			r.err = fmt.Errorf("store: WithKeyPrefix(%q) on a Cluster or Ring: a brace would choose the hash slot of every key; the store sets each key's hash tag itself", prefix)
+		}
+	}
+}
 
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
 // Below n in flight a Take goes out alone at once, else with up to 127 others
 // queued meanwhile, in one pipeline of an EVALSHA per hash tag (on a single
 // node, one for all) that decides each Take on its own; on a Cluster, per
-// master (a redirect is sent alone).
+// master (a redirect is sent again). Behind a proxy that shards a single
+// node's keys (twemproxy, Envoy), use a Ring or Cluster client, or 0.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {

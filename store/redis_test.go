@@ -272,6 +272,22 @@ func TestRedisValidateDeadlines(t *testing.T) {
 	if err := store.NewRedis(redis.NewClient(&redis.Options{ContextTimeoutEnabled: true}), store.WithBatching(-1)).Validate(); err == nil {
 		t.Error("Validate with WithBatching(-1) = nil; want an error")
 	}
+	// A brace in the prefix would pick the slot of a Cluster's keys.
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer cc.Close()
+	for _, p := range []string{"{app}:", "{}x:", "a}"} {
+		if err := store.NewRedis(cc, store.WithKeyPrefix(p)).Validate(); err == nil || !strings.Contains(err.Error(), "brace") {
+			t.Errorf("Validate on a Cluster with prefix %q = %v; want an error about the brace", p, err)
+		}
+	}
+	if err := store.NewRedis(cc, store.WithKeyPrefix("app:")).Validate(); err != nil {
+		t.Errorf("Validate on a Cluster with prefix app: = %v", err)
+	}
+	single := redis.NewClient(&redis.Options{ContextTimeoutEnabled: true})
+	defer single.Close()
+	if err := store.NewRedis(single, store.WithKeyPrefix("{app}:")).Validate(); err != nil {
+		t.Errorf("Validate on a single node with prefix {app}: = %v; want nil (no slots)", err)
+	}
 }
 
 // failsWithin checks that a Take on s, which cannot reach Redis, fails
