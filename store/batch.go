@@ -107,7 +107,8 @@ func (b *batcher) work() {
 }
 
 // send runs batch in one pipeline and answers every call, in order (batch[:n]
-// are answered; a tag's calls are adjacent). On a client hook's panic or Goexit, the rest get an error.
+// are answered; a tag's calls are made adjacent). On a client hook's panic or
+// Goexit, the rest get an error.
 func (b *batcher) send(batch []*call) {
 	n := 0
 	defer func() {
