@@ -82,6 +82,16 @@ func countScripts(client redis.UniversalClient) *pipeCounter {
 	return h
 }
 
+// serverAndCluster are the clients the batching tests run on: a real
+// redis-server, and a real 3-master Cluster.
+var serverAndCluster = []struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}{
+	{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }},
+	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }},
+}
+
 func atomicMax(a *atomic.Int64, n int64) {
 	for {
 		m := a.Load()
@@ -446,15 +456,9 @@ func (h sendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // Concurrent Takes of one bucket each get the answer they would have got
 // alone: exactly Burst of them are allowed, with every Remaining from
 // Burst-1 down to 0 once, including when the crowd meets a bucket with room
-// for part of it, and each Take is one script call.
+// for part of it; each Take's key is in one script call, which it shares.
 func TestBatchingTakesOfOneBucket(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }},
-	} {
+	for _, tc := range serverAndCluster {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
 			client := tc.client(t)
@@ -751,13 +755,7 @@ func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Err
 // keys of their own, queued into one merged script call, answer as they do
 // one by one without batching.
 func TestBatchingMergedCallMatchesAlone(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"server", func(t *testing.T) redis.UniversalClient { return redistest.Server(t).Client(t) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.Cluster(t).Client(t) }},
-	} {
+	for _, tc := range serverAndCluster {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
 			client := tc.client(t)
