@@ -126,14 +126,8 @@ func (p *params) fits(du, df, k int64) bool {
 
 // after returns the debt (du, df) plus k units (k < 0: given back, not below 0).
 func (p *params) after(du, df, k int64) (int64, int64) {
-	if k >= 0 {
-		if p.q == 1 { // the rate divides the period: no fractions, no division
-			return du + k, 0
-		}
-		f := df + k
-		return du + f/p.q, f % p.q
-	}
-	du, df = du-(-k)/p.q, df-(-k)%p.q
+	f := df + k
+	du, df = du+f/p.q, f%p.q
 	if df < 0 {
 		du, df = du-1, df+p.q
 	}
@@ -154,12 +148,8 @@ func (p *params) fill(res *Result, du, df, k int64, allowed bool) {
 		res.ResetAfter += time.Microsecond
 	}
 	res.Remaining = 0
-	if du <= p.fitUs {
-		if left := p.cap - du*p.q - df; left > 0 && p.t == 1 {
-			res.Remaining = int(left)
-		} else if left > 0 {
-			res.Remaining = int(left / p.t)
-		}
+	if left := p.cap - du*p.q - df; du <= p.fitUs && left > 0 {
+		res.Remaining = int(left / p.t)
 	}
 	res.RetryAfter, res.Delay = 0, 0
 	if !allowed && k > 0 {
@@ -172,9 +162,6 @@ func (p *params) fill(res *Result, du, df, k int64, allowed bool) {
 
 // ceilDiv is a/b rounded up, for b >= 1 (Go's / rounds a negative a up).
 func ceilDiv(a, b int64) int64 {
-	if b == 1 { // the rate divides the period: no division on a denial
-		return a
-	}
 	if a > 0 && a%b != 0 {
 		return a/b + 1
 	}

@@ -6,7 +6,6 @@ import (
 	"hash/maphash"
 	"math"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,11 +23,11 @@ const shards = 64
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
 // mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
-// behind read-write locks, each with a mutex held for a few integer operations
-// per decision. Past MaxKeys, a new key drops a full bucket or forgets the one
-// nearest to full ([Memory.Evicted]), which can only loosen that key's limit.
-// Memory is safe for concurrent use; its zero value is not usable: call
-// [NewMemory], and [Memory.Close] to stop the sweeper.
+// behind read-write locks, each bucket with a mutex held for a few integer
+// operations per decision. Past MaxKeys, a new key drops a full bucket or
+// forgets the one nearest to full ([Memory.Evicted]), which can only loosen
+// that key's limit. Memory is safe for concurrent use; its zero value is not
+// usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
@@ -43,14 +42,13 @@ type Memory struct {
 	closeOnce     sync.Once
 }
 
-// A shard is one map of buckets, found under its read lock and decided under
-// their own. Buckets come and go under the write lock; a new one starts at
-// dropped or later: a stale clock refills none. last and lastID (half its id)
-// hint at the bucket found last, so that one hot key (a global limit, a
-// flooding client) is found with no read lock, whose counter two cores would
-// bounce; the bucket's lock confirms it. 1.6x the decisions on one hot key at
-// 16 and 64 goroutines, the same over 100,000 keys (medians of 10 passes of
-// go test -bench 'Decide/memory/tollgate' in bench/).
+// A shard is one map of buckets. Buckets come and go under its write lock; a
+// new one starts at dropped or later, so a stale clock refills none. last and
+// lastID (half its id) hint at the bucket found last, so that one hot key (a
+// global limit, a flooding client) is found without the read lock, whose
+// counter two cores would bounce; the bucket's lock confirms it. 1.6x the
+// decisions on one hot key at 16 and 64 goroutines (go test -bench
+// 'Decide/memory/tollgate' in bench/).
 type shard struct {
 	mu      sync.RWMutex
 	buckets map[id]*bucket
@@ -61,19 +59,18 @@ type shard struct {
 }
 
 // An id names a key's bucket: two seeded 64-bit hashes of the key (a collision
-// is one in 2^128, and no caller can aim at one). The store keeps no key bytes:
-// a cache miss fewer, 1.2-1.3x the decisions over 100,000 keys, for a second
-// hash (medians of 8 passes of go test -bench 'Decide/memory/tollgate' in bench/).
-// Two fields, not an array: Go passes them in registers, 10 % faster on one hot
-// key (benchstat of 8 interleaved passes, Decide/memory/tollgate/hot/g1).
+// is one in 2^128, and no caller can aim at one). Keeping no key bytes saves a
+// cache miss: 1.2-1.3x the decisions over 100,000 keys. Two fields, not an
+// array, go in registers: 10 % faster on one hot key (benchstat of
+// Decide/memory/tollgate in bench/).
 type id struct{ a, b uint64 }
 
 func (m *Memory) id(key string) id {
 	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
 }
 
-// A bucket is one key's state, dead once dropped from its shard: 64 bytes. A
-// window quota's has w, and s only says when it expires ([Memory.decideWindow]).
+// A bucket is one key's state, dead once dropped from its shard. A window
+// quota's has w, and s only says when it expires.
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
@@ -147,9 +144,9 @@ func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res
 }
 
 // TakeBytes is Take for a key held in bytes, which it neither keeps nor
-// changes (the store keeps only hashes of its keys), so that a caller that
-// builds keys in a buffer, as the middleware does, decides without
-// allocating. A key in bytes and the same key as a string name one bucket.
+// changes, so that a caller that builds keys in a buffer, as the middleware
+// does, decides without allocating. A key in bytes and the same key as a
+// string name one bucket.
 func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (res Result, err error) {
 	if m.take(&res, "", id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, limit, cost, 0, false) != nil {
 		return m.Take(ctx, string(key), limit, cost) // the error, naming the key
@@ -179,10 +176,7 @@ func (m *Memory) take(res *Result, key string, k id, limit Limit, n int, maxDela
 			p = &d
 		}
 	}
-	switch {
-	case err == nil && p.spec != "": // a window quota's state has an id of its own
-		m.decideWindow(res, m.windowID(k, p), p, u)
-	case err == nil:
+	if err == nil {
 		m.decide(res, k, p, u)
 	}
 	return err
@@ -234,101 +228,159 @@ func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Durati
 	return err
 }
 
-// decide adds k units to key's bucket (k < 0: gives back), describing it in res.
+// decide adds k units to key's bucket or window quota (k < 0: gives back)
+// into res: on a bucket that exists under its lock alone, else as TakeAll.
 func (m *Memory) decide(res *Result, key id, p *params, k int64) {
+	if p.spec == "" && m.hinted(res, key, p, k) {
+		return
+	}
+	ops := [1]op{{p: p, id: key, k: k}}
+	if p.spec != "" {
+		ops[0].id = m.windowID(key, p)
+	}
+	var out [1]Result
+	m.decideAll(out[:], ops[:])
+	*res = out[0]
+}
+
+// hinted decides on key's bucket, if it has one, under the bucket's lock,
+// and reports whether it did; a bucket it leaves full is dropped.
+func (m *Memory) hinted(res *Result, key id, p *params, k int64) bool {
 	sh := &m.shards[key.a%shards]
 	bk := sh.last.Load()
 	if bk == nil || sh.lastID.Load() != key.a {
 		sh.mu.RLock()
 		bk = sh.buckets[key]
 		sh.mu.RUnlock()
-		if bk != nil {
-			sh.last.Store(bk)
-			sh.lastID.Store(key.a)
+		if bk == nil {
+			return false
 		}
-	}
-	now := m.now() // outside the locks: the clock is the slowest step
-	if bk != nil {
-		bk.mu.Lock()
-		if !bk.dead && bk.id == key { // a stale hint or a dropped bucket: as for a new key
-			du, df, allowed := bk.take(p, now, k)
-			bk.mu.Unlock()
-			p.fill(res, du, df, k, allowed)
-			if du == 0 && df == 0 { // full: a read or a refund drops it
-				sh.mu.Lock()
-				if bk.mu.Lock(); !bk.dead && bk.s.fullAt(now) {
-					m.drop(sh, bk, now)
-				}
-				bk.mu.Unlock()
-				sh.mu.Unlock()
-			}
-			return
-		}
-		bk.mu.Unlock()
-	}
-	sh.mu.Lock()
-	now = max(now, sh.dropped)
-	var du, df int64
-	allowed := true
-	if bk = sh.buckets[key]; bk != nil {
-		bk.mu.Lock()
-		du, df, allowed = bk.take(p, now, k)
-		bk.mu.Unlock()
-	} else if k > 0 { // a missing key is a full bucket: only a Take writes one
-		du, df = p.after(0, 0, k)
-		bk = m.insert(sh, &bucket{s: tat{now + du, df, p.q}, id: key}, now, []*shard{sh})
-	}
-	if bk != nil { // the hint may name a dropped bucket of this key
 		sh.last.Store(bk)
 		sh.lastID.Store(key.a)
 	}
-	sh.mu.Unlock()
-	p.fill(res, du, df, k, allowed)
-}
-
-// take adds k units to bk at now if they fit and returns its debt; bk.mu is held.
-func (bk *bucket) take(p *params, now, k int64) (du, df int64, allowed bool) {
-	du, df = p.debt(bk.s, now)
-	if allowed = p.fits(du, df, k); allowed && k != 0 {
+	now := m.now() // outside the locks: the clock is the slowest step
+	bk.mu.Lock()
+	if bk.dead || bk.id != key { // a stale hint, or a dropped bucket
+		bk.mu.Unlock()
+		return false
+	}
+	du, df := p.debt(bk.s, now)
+	allowed := p.fits(du, df, k)
+	if allowed && k != 0 {
 		du, df = p.after(du, df, k)
 		bk.s = tat{now + du, df, p.q}
 	}
-	return du, df, allowed
+	bk.mu.Unlock()
+	p.fill(res, du, df, k, allowed)
+	if du == 0 && df == 0 { // full: a read or a refund drops it
+		sh.mu.Lock()
+		if bk.mu.Lock(); !bk.dead && bk.s.fullAt(now) {
+			m.drop(sh, bk, now)
+		}
+		bk.mu.Unlock()
+		sh.mu.Unlock()
+	}
+	return true
+}
+
+// An op is one bucket's or window quota's part in decideAll.
+type op struct {
+	p      *params
+	id     id
+	k      int64 // units: > 0 taken, < 0 given back
+	bk     *bucket
+	du, df int64   // a bucket's debt
+	v      winView // a window quota's view, and its state
+	w      win
+}
+
+// decideAll decides ops (of distinct ids) at one instant, all or nothing,
+// into out. It write-locks their shards in order, then their buckets: the
+// other holders of a bucket's lock hold no other, so it cannot deadlock.
+func (m *Memory) decideAll(out []Result, ops []op) {
+	var held [shards]bool
+	for _, o := range ops {
+		held[o.id.a%shards] = true
+	}
+	now := m.now()
+	clock := now // a window quota's instant: windows are not dropped early
+	for i := range held {
+		if held[i] {
+			m.shards[i].mu.Lock()
+			now = max(now, m.shards[i].dropped)
+		}
+	}
+	all := true
+	for i := range ops {
+		o := &ops[i]
+		if o.bk = m.shards[o.id.a%shards].buckets[o.id]; o.bk != nil {
+			o.bk.mu.Lock()
+			o.du, o.df = o.p.debt(o.bk.s, now)
+			if o.bk.w != nil {
+				o.w = *o.bk.w
+			}
+		}
+		if o.p.spec != "" {
+			o.v = m.view(o.p, o.w, clock)
+			_, _, fits, _ := o.p.decideWindow(o.w, o.v, o.k)
+			all = all && fits
+		} else {
+			all = all && o.p.fits(o.du, o.df, o.k)
+		}
+	}
+	for i := range ops {
+		o := &ops[i]
+		sh := &m.shards[o.id.a%shards]
+		switch {
+		case o.p.spec != "" && all:
+			var changed bool
+			if o.v, o.w, _, changed = o.p.decideWindow(o.w, o.v, o.k); changed && o.bk != nil {
+				m.writeWindow(sh, o, clock, &held)
+			}
+		case all && o.k != 0:
+			o.du, o.df = o.p.after(o.du, o.df, o.k)
+			if o.bk != nil {
+				o.bk.s = tat{now + o.du, o.df, o.p.q}
+			}
+		}
+		if o.bk != nil {
+			o.bk.mu.Unlock()
+		}
+		if o.p.spec != "" {
+			o.p.fillWindow(&out[i], o.v, o.k, all)
+		} else {
+			o.p.fill(&out[i], o.du, o.df, o.k, all)
+		}
+	}
+	for i := range ops { // new buckets last, no bucket locked: making room locks some
+		o := &ops[i]
+		sh := &m.shards[o.id.a%shards]
+		switch {
+		case !all || o.k <= 0 || o.bk != nil:
+		case o.p.spec != "":
+			m.writeWindow(sh, o, clock, &held)
+		default:
+			m.insert(sh, &bucket{s: tat{now + o.du, o.df, o.p.q}, id: o.id}, now, &held)
+		}
+	}
+	for i := range held {
+		if held[i] {
+			m.shards[i].mu.Unlock()
+		}
+	}
 }
 
 // insert adds bk to sh, making room first at MaxKeys (the cap holds at
-// every instant). The caller write-locks held, sh among them.
-func (m *Memory) insert(sh *shard, bk *bucket, now int64, held []*shard) *bucket {
+// every instant). The caller write-locks the held shards, sh among them.
+func (m *Memory) insert(sh *shard, bk *bucket, now int64, held *[shards]bool) {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
 			m.evict(held, now)
 		}
 	}
 	sh.buckets[bk.id] = bk
-	return bk
-}
-
-// decideWindow decides k counts of window quota p in the bucket named key,
-// under its shard's write lock: windows are not the hot path a hint serves.
-func (m *Memory) decideWindow(res *Result, key id, p *params, k int64) {
-	sh := &m.shards[key.a%shards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	now := m.now()
-	bk := sh.buckets[key]
-	var w win
-	if bk != nil {
-		bk.mu.Lock()
-		defer bk.mu.Unlock()
-		if bk.w != nil {
-			w = *bk.w
-		}
-	}
-	v, w, allowed, changed := p.decideWindow(w, m.view(p, w, now), k)
-	if changed {
-		m.writeWindow(sh, key, bk, p, v, w, now, []*shard{sh})
-	}
-	p.fillWindow(res, v, k, allowed)
+	sh.last.Store(bk) // the next Take of this key takes the hinted path
+	sh.lastID.Store(bk.id.a)
 }
 
 // view reads window state w of p at the monotonic instant now.
@@ -339,22 +391,20 @@ func (m *Memory) view(p *params, w win, now int64) winView {
 	return p.view(w, p.bounds(now), now)
 }
 
-// writeWindow makes w, after v, the state of key's bucket bk (nil: new),
-// expiring when it no longer counts. The caller write-locks held, sh among
-// them, and holds bk.mu.
-func (m *Memory) writeWindow(sh *shard, key id, bk *bucket, p *params, v winView, w win, now int64, held []*shard) {
-	s := tat{u: now + p.ttl(v), q: 1}
-	switch {
-	case w.cur == 0 && w.prev == 0 && bk != nil: // nothing counted: no state, as in the script
-		m.drop(sh, bk, now)
-		return
+// writeWindow makes o.w, after o.v, the state of o's window quota (o.bk
+// nil: new), expiring when it no longer counts. The caller write-locks the
+// held shards, sh among them, and holds o.bk.mu.
+func (m *Memory) writeWindow(sh *shard, o *op, now int64, held *[shards]bool) {
+	s := tat{u: now + o.p.ttl(o.v), q: 1}
+	switch w := o.w; {
+	case w.cur == 0 && w.prev == 0 && o.bk != nil: // nothing counted: no state, as in the script
+		m.drop(sh, o.bk, now)
 	case w.cur == 0 && w.prev == 0:
-		return
-	case bk == nil:
-		m.insert(sh, &bucket{s: s, id: key, w: &w}, now, held)
-		return
+	case o.bk == nil:
+		m.insert(sh, &bucket{s: s, id: o.id, w: &w}, now, held)
+	default:
+		o.bk.s, *o.bk.w = s, w
 	}
-	bk.s, *bk.w = s, w
 }
 
 // drop removes bk from sh. The caller holds sh's write lock and bk.mu.
@@ -367,14 +417,14 @@ func (m *Memory) drop(sh *shard, bk *bucket, now int64) {
 
 // evict drops a bucket to make room, from a shard held or one it can lock
 // without waiting (waiting could deadlock); if every other is busy, it yields.
-func (m *Memory) evict(held []*shard, now int64) {
-	for _, sh := range held {
-		if m.evictFrom(sh, now) {
+func (m *Memory) evict(held *[shards]bool, now int64) {
+	for i := range m.shards {
+		if held[i] && m.evictFrom(&m.shards[i], now) {
 			return
 		}
 	}
 	for i := range m.shards {
-		if sh := &m.shards[i]; !slices.Contains(held, sh) && sh.mu.TryLock() {
+		if sh := &m.shards[i]; !held[i] && sh.mu.TryLock() {
 			ok := m.evictFrom(sh, now)
 			sh.mu.Unlock()
 			if ok {
@@ -415,97 +465,26 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 // fullAt reports whether a bucket in state s is full at now.
 func (s *tat) fullAt(now int64) bool { return s.u < now || (s.u == now && s.f == 0) }
 
-// TakeAll implements [MultiStore] at one instant; shards lock in order (no deadlock).
+// TakeAll implements [MultiStore], at one instant.
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &m.limits)
 	if err != nil {
 		return nil, err
 	}
-	ids, in := make([]id, len(reqs)), make([]*shard, len(reqs))
-	var order []uint64
+	ops := make([]op, len(reqs))
 	for i, q := range reqs {
-		if ids[i] = m.id(q.Key); ps[i].spec != "" {
-			ids[i] = m.windowID(ids[i], &ps[i])
+		ops[i] = op{p: &ps[i], id: m.id(q.Key), k: int64(q.Cost) * ps[i].t}
+		if ps[i].spec != "" {
+			ops[i].id = m.windowID(ops[i].id, &ps[i])
 		}
-		if slices.Contains(ids[:i], ids[i]) { // keys differ (checkRequests): a 2^-128 chance
-			return nil, fmt.Errorf("store: take all: %w %q (the same id)", ErrDuplicateKey, q.Key)
-		}
-		n := ids[i].a % shards
-		in[i] = &m.shards[n]
-		if !slices.Contains(order, n) {
-			order = append(order, n)
-		}
-	}
-	slices.Sort(order) // the order of locking
-	held := make([]*shard, len(order))
-	now := m.now()
-	clock := now // a window quota's instant: windows are not dropped early
-	for i, n := range order {
-		held[i] = &m.shards[n]
-		held[i].mu.Lock()
-		now = max(now, held[i].dropped)
-	}
-	// With the write locks held, the other holders of these buckets' locks
-	// (Takes) hold no other lock: locking several cannot deadlock.
-	type debt struct {
-		du, df, k int64
-		bk        *bucket
-		v         winView // a window quota's
-		w         win
-	}
-	ds, out, all := make([]debt, len(reqs)), make([]Result, len(reqs)), true
-	for i, q := range reqs {
-		d, p := &ds[i], &ps[i]
-		d.k = int64(q.Cost) * p.t
-		if d.bk = in[i].buckets[ids[i]]; d.bk != nil {
-			d.bk.mu.Lock()
-			d.du, d.df = p.debt(d.bk.s, now)
-			if d.bk.w != nil {
-				d.w = *d.bk.w
+		for _, o := range ops[:i] {
+			if o.id == ops[i].id { // keys differ (checkRequests): a 2^-128 chance
+				return nil, fmt.Errorf("store: take all: %w %q (the same id)", ErrDuplicateKey, q.Key)
 			}
 		}
-		if p.spec != "" {
-			d.v = m.view(p, d.w, clock)
-			_, _, fits, _ := p.decideWindow(d.w, d.v, d.k)
-			all = all && fits
-		} else {
-			all = all && p.fits(d.du, d.df, d.k)
-		}
 	}
-	for i := range ds {
-		d, p := &ds[i], &ps[i]
-		switch {
-		case p.spec != "" && all:
-			var changed bool
-			if d.v, d.w, _, changed = p.decideWindow(d.w, d.v, d.k); changed && d.bk != nil {
-				m.writeWindow(in[i], ids[i], d.bk, p, d.v, d.w, clock, held)
-			}
-		case all && d.k != 0:
-			d.du, d.df = p.after(d.du, d.df, d.k)
-			if d.bk != nil {
-				d.bk.s = tat{now + d.du, d.df, p.q}
-			}
-		}
-		if d.bk != nil {
-			d.bk.mu.Unlock()
-		}
-		if p.spec != "" {
-			p.fillWindow(&out[i], d.v, d.k, all)
-		} else {
-			p.fill(&out[i], d.du, d.df, d.k, all)
-		}
-	}
-	for i, d := range ds { // new buckets last, no bucket locked: making room locks some
-		switch {
-		case all && d.k > 0 && d.bk == nil && ps[i].spec != "":
-			m.writeWindow(in[i], ids[i], nil, &ps[i], d.v, d.w, clock, held)
-		case all && d.k > 0 && d.bk == nil:
-			m.insert(in[i], &bucket{s: tat{now + d.du, d.df, ps[i].q}, id: ids[i]}, now, held)
-		}
-	}
-	for _, sh := range held {
-		sh.mu.Unlock()
-	}
+	out := make([]Result, len(reqs))
+	m.decideAll(out, ops)
 	return out, nil
 }
 
