@@ -191,6 +191,10 @@ func sliding(t *testing.T, h Harness) {
 		e0 := elapsed()
 		r, err := st.Take(ctx, key, lim, 0)
 		e1 := elapsed()
+		if e1 >= w { // a late wake-up on a loaded machine: the formulas hold within the window
+			t.Logf("point %d: %v into the window of %v, past it: not checked", i, e1, w)
+			break
+		}
 		if err != nil || r.Remaining < n-count(cur, e0) || r.Remaining > n-count(cur, e1) {
 			t.Errorf("point %d (%v into the window): read = %+v, %v; want %d to %d left", i, e0, r, err, n-count(cur, e0), n-count(cur, e1))
 		}
@@ -202,6 +206,10 @@ func sliding(t *testing.T, h Harness) {
 		e1 = elapsed()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if e1 >= w {
+			t.Logf("point %d: %v into the window of %v, past it: not checked", i, e1, w)
+			break
 		}
 		if fits := count(cur, e0)+cost <= n; fits == (count(cur, e1)+cost <= n) && r.Allowed != fits {
 			t.Errorf("point %d: Take(%d) with count %d = %+v; want allowed %v", i, cost, count(cur, e0), r, fits)
