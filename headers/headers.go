@@ -225,28 +225,21 @@ func Seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
+	return int64((d-1)/time.Second) + 1
 }
 
 // PolicyQuota returns the q and w of RateLimit-Policy for rate tokens per
-// period: w is period in whole seconds, rounded up and at least 1 (the draft
-// wants a whole, non-zero window), and q the tokens of rate per period that
-// fall in w, rounded down, so that q/w never promises more than the rate:
-// 5 per 500ms is q=10;w=1, 3 per 1.5s q=4;w=2, 100 per minute q=100;w=60.
+// period: w is period in whole seconds, rounded up and at least 1, and q the
+// tokens that fall in w, rounded down, so that q/w never promises more than
+// the rate: 5 per 500ms is q=10;w=1, 3 per 1.5s q=4;w=2, 100 per minute
+// q=100;w=60. A period of 0 or less gives q=rate;w=1.
 func PolicyQuota(rate int, period time.Duration) (q, w int64) {
-	w = max(Seconds(period), 1)
-	if period <= 0 || period == time.Duration(w)*time.Second { // no period: rate per second
-		return clampInt(rate), w
+	q, w = clampInt(rate), max(Seconds(period), 1)
+	if period <= 0 {
+		return q, w
 	}
-	if rate <= 0 {
-		return 0, w
-	}
-	// rate*w seconds/period, in 128 bits: rate and w*1e9 are each below 2^63.
-	hi, lo := bits.Mul64(uint64(rate), uint64(w)*uint64(time.Second))
+	// q*w seconds/period in 128 bits; a quotient of 64 bits or more is capped.
+	hi, lo := bits.Mul64(uint64(q), uint64(w)*uint64(time.Second))
 	if hi >= uint64(period) {
 		return sfIntegerMax, w
 	}
@@ -258,33 +251,15 @@ func PolicyQuota(rate int, period time.Duration) (q, w int64) {
 // which a delay of d from now ends, within [0, sfIntegerMax].
 func epochSeconds(now time.Time, d time.Duration) int64 {
 	d = max(d, 0)
-	s := Seconds(d)
-	// now+d = now.Unix() + s + (now.Nanosecond() - (s seconds - d)), and
-	// s seconds - d is within [0, 1s), so the last term is within (-1s, 1s):
-	// round up when it is positive. (Computing s seconds - d from d's
-	// remainder, as below, cannot overflow.)
-	short := time.Duration(0)
-	if r := d % time.Second; r != 0 {
-		short = time.Second - r
-	}
-	if time.Duration(now.Nanosecond()) > short {
-		s++
-	}
-	// Clamp now first so that the sum cannot overflow: s is below 10¹⁰.
-	unix := min(max(now.Unix(), -sfIntegerMax), sfIntegerMax)
+	// The sum of two durations under 1s cannot overflow.
+	s := int64(d/time.Second) + Seconds(d%time.Second+time.Duration(now.Nanosecond()))
+	unix := min(max(now.Unix(), -sfIntegerMax), sfIntegerMax) // so that unix+s cannot overflow
 	return min(max(unix+s, 0), sfIntegerMax)
 }
 
-// clampInt returns v within [0, sfIntegerMax], so that it is always an
-// RFC 9651 Integer.
+// clampInt returns v within [0, sfIntegerMax], an RFC 9651 Integer.
 func clampInt(v int) int64 {
-	if v < 0 {
-		return 0
-	}
-	if uint64(v) > sfIntegerMax {
-		return sfIntegerMax
-	}
-	return int64(v)
+	return min(max(int64(v), 0), sfIntegerMax)
 }
 
 // appendMerged appends to b the List field lines with q's item merged in:
