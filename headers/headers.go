@@ -1,12 +1,12 @@
 package headers
 
 import (
+	"cmp"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/bits"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -130,8 +130,8 @@ const epochThreshold = 1_000_000_000
 // concurrently on the same h.
 func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	if p&Draft11 != 0 {
-		h.Set(keyPolicy, string(appendMerged(nil, h[keyPolicy], &q, true)))
-		h.Set(keyRateLimit, string(appendMerged(nil, h[keyRateLimit], &q, false)))
+		h.Set(keyPolicy, merge(h[keyPolicy], &q, true))
+		h.Set(keyRateLimit, merge(h[keyRateLimit], &q, false))
 	}
 	t := trio{clampInt(q.Limit), clampInt(q.Remaining), Seconds(q.Reset)}
 	if p&Draft03 != 0 {
@@ -179,23 +179,11 @@ func WriteRetryAfter(h http.Header, d time.Duration) {
 	writeRetryAfter(h, d, time.Now())
 }
 
-// writeRetryAfter is WriteRetryAfter with the clock as a parameter.
 func writeRetryAfter(h http.Header, d time.Duration, now time.Time) {
-	secs := max(Seconds(d), 1, exhaustedReset(h, now))
-	h[keyRetryAfter] = []string{strconv.FormatInt(secs, 10)}
-}
-
-// exhaustedReset returns the largest delay in seconds until an exhausted
-// quota written in h has a token again, or 0.
-func exhaustedReset(h http.Header, now time.Time) int64 {
-	var secs int64
-	ms := members(h[keyRateLimit])
-	if slices.ContainsFunc(ms, func(m string) bool { return !plainMember(m) }) {
-		ms = nil // a List that does not parse says nothing
-	}
-	for _, m := range ms {
+	secs := max(Seconds(d), 1)
+	for _, m := range list(h[keyRateLimit]) {
 		r, t := int64(-1), int64(0)
-		for _, p := range split(m, ';')[1:] { // after the item: its parameters
+		for _, p := range split(m, ';')[1:] {
 			k, v, _ := strings.Cut(strings.TrimLeft(p, " "), "=")
 			if n, ok := readInt([]string{v}); ok && k == "r" {
 				r = n
@@ -211,13 +199,12 @@ func exhaustedReset(h http.Header, now time.Time) int64 {
 		secs = max(secs, t.reset)
 	}
 	if t, ok := readTrio(h, &xKeys); ok && t.remaining == 0 {
-		reset := t.reset
-		if reset >= epochThreshold {
-			reset = Seconds(time.Unix(reset, 0).Sub(now))
+		if t.reset >= epochThreshold {
+			t.reset = Seconds(time.Unix(t.reset, 0).Sub(now))
 		}
-		secs = max(secs, reset)
+		secs = max(secs, t.reset)
 	}
-	return secs
+	h[keyRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 }
 
 // Seconds rounds d up to whole seconds (negative and zero give 0).
@@ -262,68 +249,67 @@ func clampInt(v int) int64 {
 	return min(max(int64(v), 0), sfIntegerMax)
 }
 
-// appendMerged appends to b the List field lines with q's item merged in:
-// the first member that is an item of q's name is replaced by q's item and
-// later ones dropped, other members are copied as they were written, and
-// q's item is appended if no member had its name. policy selects the
-// RateLimit-Policy item over the RateLimit one.
-func appendMerged(b []byte, lines []string, q *Quota, policy bool) []byte {
+// merge returns the List field lines with q's item in place of the first
+// member of q's name (later ones dropped), or appended if none has it; a
+// List that [list] rejects is replaced by q's item alone. policy selects
+// the RateLimit-Policy item over the RateLimit one.
+func merge(lines []string, q *Quota, policy bool) string {
+	var buf [64]byte // BenchmarkWrite, Default/one quota: 6 allocations fewer
 	if len(lines) == 0 {
-		return appendItem(b, q, policy)
+		return string(appendItem(buf[:0], q, policy))
 	}
-	var nb [64]byte
-	name := string(appendString(nb[:0], q.Name))
-	ms := members(lines)
-	for _, m := range ms {
-		if !plainMember(m) { // not a List we can keep: ours alone
-			return appendItem(b, q, policy)
-		}
-	}
-	start, replaced := len(b), false
-	for _, m := range ms {
-		mine := strings.HasPrefix(m, name) && (len(m) == len(name) || m[len(name)] == ';')
-		if m == "" || mine && replaced {
-			continue
-		}
-		if len(b) > start {
-			b = append(b, ", "...)
-		}
-		if mine {
-			b = appendItem(b, q, policy)
-			replaced = true
-		} else {
-			b = append(b, m...)
+	name := string(appendString(buf[:0], q.Name))
+	var b []byte
+	mine := false
+	for _, m := range list(lines) {
+		same := strings.HasPrefix(m, name) && (len(m) == len(name) || m[len(name)] == ';')
+		switch {
+		case !same:
+			b = append(append(b, m...), ", "...)
+		case !mine:
+			b, mine = append(appendItem(b, q, policy), ", "...), true
 		}
 	}
-	if !replaced {
-		if len(b) > start {
-			b = append(b, ", "...)
-		}
-		b = appendItem(b, q, policy)
+	if mine {
+		return string(b[:len(b)-2])
 	}
-	return b
+	return string(appendItem(b, q, policy))
 }
 
-// plainMember reports whether m is a List member as rate limiters write
-// them: a String or Token, then parameters whose values are Integers,
-// Decimals, Strings, Tokens or Booleans. Members valid in RFC 9651 but not
-// seen in these fields (inner lists, byte sequences, Dates) are not kept,
-// and neither is anything that does not parse, so a List we write parses.
+// list returns the members of the List field lines, trimmed, or nil unless
+// each is a String, Token, Integer, Decimal, Boolean, Byte Sequence or inner
+// list of those, with parameters whose values are any of those: what rate
+// limiters write. Anything else, even valid RFC 9651, is not kept, so that
+// every List Write leaves parses.
+func list(lines []string) []string {
+	ms := split(strings.Join(lines, ","), ',')
+	for i, m := range ms {
+		ms[i] = strings.Trim(m, " \t")
+		if !plainMember(ms[i]) {
+			return nil
+		}
+	}
+	return ms
+}
+
 func plainMember(m string) bool {
 	parts := split(m, ';')
-	for i, p := range parts {
-		if i == 0 && !plainItem(p) {
-			return false
-		}
+	for _, p := range parts[1:] {
 		k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
-		if i > 0 && (!isKey(k) || hasValue && !plainItem(v)) {
+		if !isKey(k) || hasValue && !plainItem(v) {
 			return false
 		}
 	}
-	return true
+	return plainItem(parts[0])
 }
 
-// plainItem reports whether s is a String, Token, Integer, Decimal or Boolean.
+const (
+	lcalpha = "abcdefghijklmnopqrstuvwxyz"
+	alpha   = "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + lcalpha
+	digits  = "0123456789"
+)
+
+// plainItem reports whether s is an item of a kind list keeps.
 func plainItem(s string) bool {
 	if s == "" {
 		return false
@@ -346,8 +332,8 @@ func plainItem(s string) bool {
 	case c == ':': // a Byte Sequence, such as the draft's pk
 		b64, ok := strings.CutSuffix(s[1:], ":")
 		_, err := base64.StdEncoding.DecodeString(b64) // which skips '\r' and '\n': so the Trim
-		return ok && len(s) > 1 && err == nil && strings.Trim(b64, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == ""
-	case c == '(': // an inner list of bare items
+		return ok && err == nil && strings.Trim(b64, alpha+digits+"+/=") == ""
+	case c == '(':
 		inner, ok := strings.CutSuffix(s[1:], ")")
 		for _, it := range strings.Split(inner, " ") {
 			ok = ok && (it == "" || it[0] != '(' && plainItem(it))
@@ -355,37 +341,21 @@ func plainItem(s string) bool {
 		return ok
 	case c == '-' || c >= '0' && c <= '9':
 		whole, frac, dec := strings.Cut(strings.TrimPrefix(s, "-"), ".")
-		return digits(whole, 1, 15) && (!dec || len(whole) <= 12 && digits(frac, 1, 3))
-	case c == '*' || c|0x20 >= 'a' && c|0x20 <= 'z':
-		return !strings.ContainsFunc(s, func(r rune) bool {
-			return r > 0x7e || r <= ' ' || strings.ContainsRune("\"(),;<=>?@[\\]{}", r)
-		})
+		return isDigits(whole, 15) && (!dec || len(whole) <= 12 && isDigits(frac, 3))
+	case c == '*' || c|0x20 >= 'a' && c|0x20 <= 'z': // a Token
+		return strings.Trim(s, alpha+digits+"!#$%&'*+-.^_`|~:/") == ""
 	}
 	return false
 }
 
 // isKey reports whether s is an RFC 9651 parameter key.
 func isKey(s string) bool {
-	if s == "" || !(s[0] == '*' || s[0] >= 'a' && s[0] <= 'z') {
-		return false
-	}
-	return !strings.ContainsFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.*", r))
-	})
+	return s != "" && (s[0] == '*' || s[0] >= 'a' && s[0] <= 'z') && strings.Trim(s, lcalpha+digits+"_-.*") == ""
 }
 
-func digits(s string, lo, hi int) bool {
-	return len(s) >= lo && len(s) <= hi && strings.Trim(s, "0123456789") == ""
-}
-
-// members returns the members of the List field lines, as written, without
-// the spaces and tabs around them.
-func members(lines []string) []string {
-	ms := split(strings.Join(lines, ","), ',')
-	for i, m := range ms {
-		ms[i] = strings.Trim(m, " \t")
-	}
-	return ms
+// isDigits reports whether s is 1 to n decimal digits.
+func isDigits(s string, n int) bool {
+	return len(s) >= 1 && len(s) <= n && strings.Trim(s, digits) == ""
 }
 
 // split cuts s at each sep outside RFC 9651 Strings (which are the only
@@ -410,45 +380,23 @@ func split(s string, sep byte) []string {
 // appendItem appends q's RateLimit-Policy item (if policy) or RateLimit item.
 func appendItem(b []byte, q *Quota, policy bool) []byte {
 	b = appendString(b, q.Name)
-	if policy {
-		rate := q.Rate
-		if rate == 0 {
-			rate = q.Limit
-		}
-		quota, window := PolicyQuota(rate, q.Window)
-		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, quota, 10)
-		b = append(b, ";w="...)
-		return strconv.AppendInt(b, window, 10)
+	if !policy {
+		b = strconv.AppendInt(append(b, ";r="...), clampInt(q.Remaining), 10)
+		return strconv.AppendInt(append(b, ";t="...), Seconds(q.Reset), 10)
 	}
-	return appendRateLimitParams(b, clampInt(q.Remaining), Seconds(q.Reset))
+	quota, window := PolicyQuota(cmp.Or(q.Rate, q.Limit), q.Window)
+	b = strconv.AppendInt(append(b, ";q="...), quota, 10)
+	return strconv.AppendInt(append(b, ";w="...), window, 10)
 }
 
-func appendRateLimitParams(b []byte, r, t int64) []byte {
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, r, 10)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, t, 10)
-}
-
-// appendString appends s as an RFC 9651 String: '"' and '\' are escaped,
-// and every byte outside printable ASCII, which a String cannot hold, is
-// replaced by '?'.
+// appendString appends s as an RFC 9651 String: '"' and '\' escaped, and
+// each byte a String cannot hold written as '?'.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
-	clean := true
-	for i := 0; i < len(s) && clean; i++ {
-		clean = s[i] >= 0x20 && s[i] <= 0x7e && s[i] != '"' && s[i] != '\\'
-	}
-	if clean { // the usual case: one copy instead of a byte-by-byte loop
-		b = append(b, s...)
-		return append(b, '"')
-	}
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '"', '\\':
+		if c := s[i]; c == '"' || c == '\\' {
 			b = append(b, '\\', c)
-		default:
+		} else {
 			b = append(b, sanitize(c))
 		}
 	}
