@@ -17,17 +17,14 @@ import (
 type Profile uint8
 
 const (
-	// Draft11 writes RateLimit-Policy and RateLimit, the List fields of
-	// draft-ietf-httpapi-ratelimit-headers-11.
+	// Draft11 writes RateLimit-Policy and RateLimit, the List fields of draft-11.
 	Draft11 Profile = 1 << iota
-	// Draft03 writes RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset
-	// of draft-ietf-httpapi-ratelimit-headers-03, the reset in delay-seconds.
+	// Draft03 writes RateLimit-Limit, -Remaining and -Reset of draft-03 (reset in delay-seconds).
 	Draft03
-	// XRateLimitEpoch writes X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset, the reset as a Unix time in seconds (GitHub style).
+	// XRateLimitEpoch writes X-RateLimit-Limit, -Remaining and -Reset, the reset
+	// as a Unix time in seconds, rounded up (GitHub style).
 	XRateLimitEpoch
-	// XRateLimitDelta writes X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset, the reset in delay-seconds.
+	// XRateLimitDelta writes X-RateLimit-Limit, -Remaining and -Reset (reset in delay-seconds).
 	XRateLimitDelta
 )
 
@@ -35,8 +32,9 @@ const (
 // draft-11 List fields and the draft-03 fields, which deployed clients read.
 const Default = Draft11 | Draft03
 
-// allProfiles holds every defined Profile flag.
 const allProfiles = Draft11 | Draft03 | XRateLimitEpoch | XRateLimitDelta
+
+var profileNames = [...]string{"Draft11", "Draft03", "XRateLimitEpoch", "XRateLimitDelta"}
 
 // ErrInvalidProfile is wrapped by the error [Profile.Validate] returns.
 var ErrInvalidProfile = errors.New("invalid profile")
@@ -61,17 +59,9 @@ func (p Profile) String() string {
 		return "none"
 	}
 	var parts []string
-	for _, f := range [...]struct {
-		flag Profile
-		name string
-	}{
-		{Draft11, "Draft11"},
-		{Draft03, "Draft03"},
-		{XRateLimitEpoch, "XRateLimitEpoch"},
-		{XRateLimitDelta, "XRateLimitDelta"},
-	} {
-		if p&f.flag != 0 {
-			parts = append(parts, f.name)
+	for i, name := range profileNames {
+		if p&(1<<i) != 0 {
+			parts = append(parts, name)
 		}
 	}
 	if unknown := p &^ allProfiles; unknown != 0 {
@@ -91,12 +81,17 @@ type Quota struct {
 	Reset     time.Duration // t: time until the next token; 0 when the bucket is full
 }
 
-// Canonical header keys (as [http.CanonicalHeaderKey] spells them), used to
-// index the [http.Header] map directly.
 const (
+	// Header keys as [http.CanonicalHeaderKey] spells them, to index the map.
 	keyPolicy     = "Ratelimit-Policy"
 	keyRateLimit  = "Ratelimit"
 	keyRetryAfter = "Retry-After"
+
+	sfIntegerMax = 999_999_999_999_999 // the largest RFC 9651 Integer
+
+	// epochThreshold tells a Unix time from delay-seconds in an
+	// X-RateLimit-Reset read back: 10⁹ is September 2001, or 31 years.
+	epochThreshold = 1_000_000_000
 )
 
 // trioKeys names the three single-value fields of one legacy header set.
@@ -107,27 +102,15 @@ var (
 	xKeys       = trioKeys{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
 )
 
-// sfIntegerMax is the largest RFC 9651 Integer.
-const sfIntegerMax = 999_999_999_999_999
-
-// epochThreshold tells a Unix time from delay-seconds in X-RateLimit-Reset
-// when [WriteRetryAfter] reads it back: values from 10⁹ (September 2001, or
-// a delay of 31 years) up are Unix times.
-const epochThreshold = 1_000_000_000
-
 // Write adds q to h under profile p. now is used only for XRateLimitEpoch.
-//
-// The List fields (Draft11) get one item per policy name: an item of the
-// same name is replaced in place, items of other names are kept as they
-// were, and a new name is appended. The single-value fields (Draft03 and
-// the X-RateLimit set) are set to q only if q is tighter than what h
-// already holds, or if what h holds does not parse. See the package
-// documentation for the formats and the rounding.
+// In the List fields an item of q's name is replaced in place, others are
+// kept, and a new name is appended; the single-value fields are set to q
+// only if q is tighter than what h holds, or if that does not parse.
 //
 // Bits of p that are not defined are ignored; if p sets both
 // XRateLimitEpoch and XRateLimitDelta, XRateLimitEpoch is written.
-// h must not be nil. Like [http.Header] itself, Write must not be called
-// concurrently on the same h.
+// h must not be nil. Write keeps no state: it is safe for concurrent use
+// on different headers, but like [http.Header] itself not on the same h.
 func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	if p&Draft11 != 0 {
 		h.Set(keyPolicy, merge(h[keyPolicy], &q, true))
@@ -145,17 +128,6 @@ func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	}
 }
 
-// write sets the fields keys of h to t, unless what they hold parses and is
-// as tight as t.
-func (t trio) write(h http.Header, keys *trioKeys) {
-	if old, ok := readTrio(h, keys); ok && !t.tighter(old) {
-		return
-	}
-	h.Set(keys.limit, strconv.FormatInt(t.limit, 10))
-	h.Set(keys.remaining, strconv.FormatInt(t.remaining, 10))
-	h.Set(keys.reset, strconv.FormatInt(t.reset, 10))
-}
-
 // Present reports whether h holds any rate-limit field that [Write] writes,
 // under any profile.
 func Present(h http.Header) bool {
@@ -166,15 +138,12 @@ func trioAbsent(h http.Header, keys *trioKeys) bool {
 	return len(h[keys.limit]) == 0 && len(h[keys.remaining]) == 0 && len(h[keys.reset]) == 0
 }
 
-// WriteRetryAfter sets Retry-After for a 429 (or 503): d rounded up to whole
-// seconds, at least 1, and never earlier than the t of any exhausted quota
-// (r=0) already written to h.
-//
-// Exhausted quotas are read from the RateLimit List (items with r=0; a
-// RateLimit that does not parse is ignored) and from the RateLimit-* and
-// X-RateLimit-* fields when their Remaining is 0. X-RateLimit-Reset values of
-// 10⁹ or more are taken as Unix times and turned back into delay-seconds with
-// [time.Now]. Retry-After is set, replacing any value h had.
+// WriteRetryAfter sets Retry-After for a 429 (or 503), replacing any value
+// h had: d rounded up to whole seconds, at least 1, and never earlier than
+// the reset of an exhausted quota already in h. Those are the items with
+// r=0 of a RateLimit List that parses, and the RateLimit-* and
+// X-RateLimit-* fields with a Remaining of 0; an X-RateLimit-Reset of 10⁹
+// or more is a Unix time, turned back into a delay with [time.Now].
 func WriteRetryAfter(h http.Header, d time.Duration) {
 	writeRetryAfter(h, d, time.Now())
 }
@@ -412,26 +381,27 @@ func sanitize(c byte) byte {
 }
 
 // trio is the state reported by one set of single-value fields.
-type trio struct {
-	limit, remaining, reset int64
-}
+type trio struct{ limit, remaining, reset int64 }
 
 // tighter reports whether t is a tighter state to report than u: fewer
-// tokens left, or as few but longer to wait, or both equal and a smaller
-// limit. It is a strict order, so the result of several Writes does not
-// depend on their order.
+// tokens left, then a later reset, then a smaller limit. A strict order,
+// so that the order of Writes does not matter.
 func (t trio) tighter(u trio) bool {
-	if t.remaining != u.remaining {
-		return t.remaining < u.remaining
-	}
-	if t.reset != u.reset {
-		return t.reset > u.reset
-	}
-	return t.limit < u.limit
+	return cmp.Or(cmp.Compare(u.remaining, t.remaining), cmp.Compare(t.reset, u.reset), cmp.Compare(u.limit, t.limit)) > 0
 }
 
-// readTrio reads the fields keys from h, if each is present once and is a
-// plain non-negative integer.
+// write sets the fields keys of h to t, unless they hold a state that
+// parses and is as tight.
+func (t trio) write(h http.Header, keys *trioKeys) {
+	if old, ok := readTrio(h, keys); ok && !t.tighter(old) {
+		return
+	}
+	h.Set(keys.limit, strconv.FormatInt(t.limit, 10))
+	h.Set(keys.remaining, strconv.FormatInt(t.remaining, 10))
+	h.Set(keys.reset, strconv.FormatInt(t.reset, 10))
+}
+
+// readTrio reads the fields keys from h, if each is one line of 1 to 18 digits.
 func readTrio(h http.Header, keys *trioKeys) (trio, bool) {
 	limit, ok1 := readInt(h[keys.limit])
 	remaining, ok2 := readInt(h[keys.remaining])
@@ -439,21 +409,10 @@ func readTrio(h http.Header, keys *trioKeys) (trio, bool) {
 	return trio{limit, remaining, reset}, ok1 && ok2 && ok3
 }
 
-// readInt parses a field with one line holding 1 to 18 decimal digits.
 func readInt(lines []string) (int64, bool) {
-	if len(lines) != 1 {
+	if len(lines) != 1 || !isDigits(lines[0], 18) {
 		return 0, false
 	}
-	s := lines[0]
-	if len(s) == 0 || len(s) > 18 {
-		return 0, false
-	}
-	var v int64
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-		v = v*10 + int64(s[i]-'0')
-	}
-	return v, true
+	n, _ := strconv.ParseInt(lines[0], 10, 64)
+	return n, true
 }
