@@ -222,6 +222,7 @@ func FuzzMerge(f *testing.F) {
 	f.Add(`"other";r=5;t=1;pk=:AQ==:, tok;r=1, (1 2);x`, `"a";q=1;w=1`, "api")
 	f.Add(`"api";r=0;t=9, "b";r=2`, "", "api")
 	f.Add(`"a, `, `,`, "a")
+	f.Add(`"a";x=(1 2)`, `"a";q=1;x=()`, "b") // an inner list is no parameter value
 	f.Fuzz(func(t *testing.T, rl, policy, name string) {
 		h := http.Header{}
 		if rl != "" {

@@ -247,9 +247,10 @@ func merge(lines []string, q *Quota, policy bool) string {
 
 // list returns the members of the List field lines, trimmed, or nil unless
 // each is a String, Token, Integer, Decimal, Boolean, Byte Sequence or inner
-// list of those, with parameters whose values are any of those: what rate
-// limiters write. Anything else, even valid RFC 9651, is not kept, so that
-// every List Write leaves parses.
+// list of those, with parameters whose values are any of those but an inner
+// list (which RFC 9651 does not allow there): what rate limiters write.
+// Anything else, even valid RFC 9651, is not kept, so that every List Write
+// leaves parses.
 func list(lines []string) []string {
 	ms := split(strings.Join(lines, ","), ',')
 	for i, m := range ms {
@@ -265,7 +266,7 @@ func plainMember(m string) bool {
 	parts := split(m, ';')
 	for _, p := range parts[1:] {
 		k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
-		if !isKey(k) || hasValue && !plainItem(v) {
+		if !isKey(k) || hasValue && (!plainItem(v) || v[0] == '(') {
 			return false
 		}
 	}

@@ -201,6 +201,7 @@ func TestWriteDraft11MergesWithExisting(t *testing.T) {
 		},
 		{"a List that does not parse is replaced", []string{`"a";r=1,,`}, `"api";r=4;t=1`},
 		{"a string with no end is replaced", []string{`"a`}, `"api";r=4;t=1`},
+		{"an inner list as a parameter value is replaced", []string{`"a";x=(1 2)`}, `"api";r=4;t=1`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
