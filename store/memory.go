@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -23,12 +22,12 @@ const shards = 64
 
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
-// mode when Redis is unreachable. Buckets live, only while not full, in 64
-// maps, each behind a mutex held for a lookup and a few integer operations
-// per decision. Past MaxKeys, a new key drops a full bucket or forgets the
-// one nearest to full ([Memory.Evicted]), which can only loosen that key's
-// limit. Memory is safe for concurrent use; its zero value is not usable:
-// call [NewMemory], and [Memory.Close] to stop the sweeper.
+// mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
+// behind read-write locks, each bucket with a mutex held for a few integer
+// operations per decision. Past MaxKeys, a new key drops a full bucket or
+// forgets the one nearest to full ([Memory.Evicted]), which can only loosen
+// that key's limit. Memory is safe for concurrent use; its zero value is not
+// usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
@@ -43,28 +42,41 @@ type Memory struct {
 	closeOnce     sync.Once
 }
 
-// A shard is one map of buckets behind its mutex. A new bucket starts at
-// dropped or later, so that a stale clock refills none.
+// A shard is one map of buckets. Buckets come and go under its write lock; a
+// new one starts at dropped or later, so a stale clock refills none. last and
+// lastID (half its id) hint at the bucket found last, so that one hot key (a
+// global limit, a flooding client) is found without the read lock, whose
+// counter two cores would bounce; the bucket's lock confirms it. 1.6x the
+// decisions on one hot key at 16 and 64 goroutines (go test -bench
+// 'Decide/memory/tollgate' in bench/).
 type shard struct {
-	mu      sync.Mutex
-	buckets map[id]entry
-	dropped int64    // the last instant a bucket was dropped at
-	_       [40]byte // keep shards on separate cache lines
+	mu      sync.RWMutex
+	buckets map[id]*bucket
+	dropped int64 // the last instant a bucket was dropped at
+	last    atomic.Pointer[bucket]
+	lastID  atomic.Uint64
+	_       [8]byte // keep shards on separate cache lines
 }
 
 // An id names a key's bucket: two seeded 64-bit hashes of the key (a collision
-// is one in 2^128, and no caller can aim at one). Keeping no key bytes, and
-// the state in the map, saves cache misses on a store of many keys.
+// is one in 2^128, and no caller can aim at one). Keeping no key bytes saves a
+// cache miss: 1.2-1.3x the decisions over 100,000 keys. Two fields, not an
+// array, go in registers: 10 % faster on one hot key (benchstat of
+// Decide/memory/tollgate in bench/).
 type id struct{ a, b uint64 }
 
 func (m *Memory) id(key string) id {
 	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
 }
 
-// An entry is a bucket's state; a window quota's is w, and s.u its expiry.
-type entry struct {
-	s tat
-	w *win
+// A bucket is one key's state, dead once dropped from its shard. A window
+// quota's has w, and s only says when it expires.
+type bucket struct {
+	mu   sync.Mutex
+	s    tat
+	dead bool
+	id   id   // read under mu: a hint may point to another bucket
+	w    *win // a window quota's state
 }
 
 // MemoryOption configures a [Memory] store.
@@ -113,7 +125,7 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].buckets = make(map[id]entry)
+		m.shards[i].buckets = make(map[id]*bucket)
 		m.shards[i].dropped = math.MinInt64 // none yet, whatever the clock says
 	}
 	if m.sweep > 0 {
@@ -185,8 +197,10 @@ func (m *Memory) Reset(_ context.Context, key string, quotas ...Limit) error {
 	for _, k := range ids {
 		sh := &m.shards[k.a%shards]
 		sh.mu.Lock()
-		if _, ok := sh.buckets[k]; ok {
-			m.drop(sh, k, m.now())
+		if bk := sh.buckets[k]; bk != nil {
+			bk.mu.Lock()
+			m.drop(sh, bk, m.now())
+			bk.mu.Unlock()
 		}
 		sh.mu.Unlock()
 	}
@@ -215,114 +229,158 @@ func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Durati
 }
 
 // decide adds k units to key's bucket or window quota (k < 0: gives back)
-// into res.
+// into res: on a bucket that exists under its lock alone, else as TakeAll.
 func (m *Memory) decide(res *Result, key id, p *params, k int64) {
-	ops := [1]op{{res: res, p: p, id: key, k: k}}
+	if p.spec == "" && m.hinted(res, key, p, k) {
+		return
+	}
+	ops := [1]op{{p: p, id: key, k: k}}
 	if p.spec != "" {
 		ops[0].id = m.windowID(key, p)
 	}
-	m.decideAll(ops[:])
+	var out [1]Result
+	m.decideAll(out[:], ops[:])
+	*res = out[0]
+}
+
+// hinted decides on key's bucket, if it has one, under the bucket's lock,
+// and reports whether it did; a bucket it leaves full is dropped.
+func (m *Memory) hinted(res *Result, key id, p *params, k int64) bool {
+	sh := &m.shards[key.a%shards]
+	bk := sh.last.Load()
+	if bk == nil || sh.lastID.Load() != key.a {
+		sh.mu.RLock()
+		bk = sh.buckets[key]
+		sh.mu.RUnlock()
+		if bk == nil {
+			return false
+		}
+		sh.last.Store(bk)
+		sh.lastID.Store(key.a)
+	}
+	now := m.now() // outside the locks: the clock is the slowest step
+	bk.mu.Lock()
+	if bk.dead || bk.id != key { // a stale hint, or a dropped bucket
+		bk.mu.Unlock()
+		return false
+	}
+	du, df := p.debt(bk.s, now)
+	allowed := p.fits(du, df, k)
+	if allowed && k != 0 {
+		du, df = p.after(du, df, k)
+		bk.s = tat{now + du, df, p.q}
+	}
+	bk.mu.Unlock()
+	p.fill(res, du, df, k, allowed)
+	if du == 0 && df == 0 { // full: a read or a refund drops it
+		sh.mu.Lock()
+		if bk.mu.Lock(); !bk.dead && bk.s.fullAt(now) {
+			m.drop(sh, bk, now)
+		}
+		bk.mu.Unlock()
+		sh.mu.Unlock()
+	}
+	return true
 }
 
 // An op is one bucket's or window quota's part in decideAll.
 type op struct {
-	res    *Result
 	p      *params
 	id     id
 	k      int64 // units: > 0 taken, < 0 given back
-	found  bool
+	bk     *bucket
 	du, df int64   // a bucket's debt
 	v      winView // a window quota's view, and its state
 	w      win
 }
 
 // decideAll decides ops (of distinct ids) at one instant, all or nothing,
-// each into its res. It locks their shards in order: it cannot deadlock.
-func (m *Memory) decideAll(ops []op) {
-	var held uint64 // a bit per shard
+// into out. It write-locks their shards in order, then their buckets: the
+// other holders of a bucket's lock hold no other, so it cannot deadlock.
+func (m *Memory) decideAll(out []Result, ops []op) {
+	var held [shards]bool
 	for _, o := range ops {
-		held |= 1 << (o.id.a % shards)
+		held[o.id.a%shards] = true
 	}
-	now := m.now() // outside the locks: the clock is the slowest step
-	clock := now   // a window quota's instant: windows are not dropped early
-	for s := held; s != 0; s &= s - 1 {
-		sh := &m.shards[bits.TrailingZeros64(s)]
-		sh.mu.Lock()
-		now = max(now, sh.dropped)
+	now := m.now()
+	clock := now // a window quota's instant: windows are not dropped early
+	for i := range held {
+		if held[i] {
+			m.shards[i].mu.Lock()
+			now = max(now, m.shards[i].dropped)
+		}
 	}
 	all := true
 	for i := range ops {
 		o := &ops[i]
-		var e entry
-		e, o.found = m.shards[o.id.a%shards].buckets[o.id]
-		if o.p.spec == "" {
-			o.du, o.df = o.p.debt(e.s, now)
+		if o.bk = m.shards[o.id.a%shards].buckets[o.id]; o.bk != nil {
+			o.bk.mu.Lock()
+			o.du, o.df = o.p.debt(o.bk.s, now)
+			if o.bk.w != nil {
+				o.w = *o.bk.w
+			}
+		}
+		if o.p.spec != "" {
+			o.v = m.view(o.p, o.w, clock)
+			_, _, fits, _ := o.p.decideWindow(o.w, o.v, o.k)
+			all = all && fits
+		} else {
 			all = all && o.p.fits(o.du, o.df, o.k)
-			continue
 		}
-		if e.w != nil {
-			o.w = *e.w
-		}
-		o.v = m.view(o.p, o.w, clock)
-		_, _, fits, _ := o.p.decideWindow(o.w, o.v, o.k)
-		all = all && fits
 	}
 	for i := range ops {
 		o := &ops[i]
 		sh := &m.shards[o.id.a%shards]
-		if o.p.spec != "" {
-			var changed bool
-			if all {
-				o.v, o.w, _, changed = o.p.decideWindow(o.w, o.v, o.k)
-			}
-			switch {
-			case !changed:
-			case o.w == win{} && o.found: // nothing counted: no state, as in the script
-				m.drop(sh, o.id, clock)
-			case o.found: // its window state is written in place
-				e := sh.buckets[o.id]
-				*e.w, e.s = o.w, tat{u: clock + o.p.ttl(o.v), q: 1}
-				sh.buckets[o.id] = e
-			}
-			o.p.fillWindow(o.res, o.v, o.k, all)
-			continue
-		}
-		if all && o.k != 0 {
-			o.du, o.df = o.p.after(o.du, o.df, o.k)
-		}
 		switch {
-		case o.found && o.du == 0 && o.df == 0: // full: a read or a refund drops it
-			m.drop(sh, o.id, now)
-		case o.found && all && o.k != 0:
-			sh.buckets[o.id] = entry{s: tat{now + o.du, o.df, o.p.q}}
+		case o.p.spec != "" && all:
+			var changed bool
+			if o.v, o.w, _, changed = o.p.decideWindow(o.w, o.v, o.k); changed && o.bk != nil {
+				m.writeWindow(sh, o, clock, &held)
+			}
+		case all && o.k != 0:
+			o.du, o.df = o.p.after(o.du, o.df, o.k)
+			if o.bk != nil {
+				o.bk.s = tat{now + o.du, o.df, o.p.q}
+			}
 		}
-		o.p.fill(o.res, o.du, o.df, o.k, all)
+		if o.bk != nil {
+			o.bk.mu.Unlock()
+		}
+		if o.p.spec != "" {
+			o.p.fillWindow(&out[i], o.v, o.k, all)
+		} else {
+			o.p.fill(&out[i], o.du, o.df, o.k, all)
+		}
 	}
-	for i := range ops { // new buckets last: making room may drop others
+	for i := range ops { // new buckets last, no bucket locked: making room locks some
 		o := &ops[i]
-		switch sh := &m.shards[o.id.a%shards]; {
-		case o.found || !all || o.k <= 0:
-		case o.p.spec == "":
-			m.insert(sh, o.id, entry{s: tat{now + o.du, o.df, o.p.q}}, now, held)
-		case o.w != win{}:
-			w := o.w
-			m.insert(sh, o.id, entry{s: tat{u: clock + o.p.ttl(o.v), q: 1}, w: &w}, clock, held)
+		sh := &m.shards[o.id.a%shards]
+		switch {
+		case !all || o.k <= 0 || o.bk != nil:
+		case o.p.spec != "":
+			m.writeWindow(sh, o, clock, &held)
+		default:
+			m.insert(sh, &bucket{s: tat{now + o.du, o.df, o.p.q}, id: o.id}, now, &held)
 		}
 	}
-	for s := held; s != 0; s &= s - 1 {
-		m.shards[bits.TrailingZeros64(s)].mu.Unlock()
+	for i := range held {
+		if held[i] {
+			m.shards[i].mu.Unlock()
+		}
 	}
 }
 
-// insert adds e to sh, making room first at MaxKeys (the cap holds at every
-// instant). The caller holds the locks of the held shards, sh among them.
-func (m *Memory) insert(sh *shard, k id, e entry, now int64, held uint64) {
+// insert adds bk to sh, making room first at MaxKeys (the cap holds at
+// every instant). The caller write-locks the held shards, sh among them.
+func (m *Memory) insert(sh *shard, bk *bucket, now int64, held *[shards]bool) {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
 			m.evict(held, now)
 		}
 	}
-	sh.buckets[k] = e
+	sh.buckets[bk.id] = bk
+	sh.last.Store(bk) // the next Take of this key takes the hinted path
+	sh.lastID.Store(bk.id.a)
 }
 
 // view reads window state w of p at the monotonic instant now.
@@ -333,23 +391,40 @@ func (m *Memory) view(p *params, w win, now int64) winView {
 	return p.view(w, p.bounds(now), now)
 }
 
-// drop removes bucket k from sh, whose lock the caller holds.
-func (m *Memory) drop(sh *shard, k id, now int64) {
-	delete(sh.buckets, k)
+// writeWindow makes o.w, after o.v, the state of o's window quota (o.bk
+// nil: new), expiring when it no longer counts. The caller write-locks the
+// held shards, sh among them, and holds o.bk.mu.
+func (m *Memory) writeWindow(sh *shard, o *op, now int64, held *[shards]bool) {
+	s := tat{u: now + o.p.ttl(o.v), q: 1}
+	switch w := o.w; {
+	case w.cur == 0 && w.prev == 0 && o.bk != nil: // nothing counted: no state, as in the script
+		m.drop(sh, o.bk, now)
+	case w.cur == 0 && w.prev == 0:
+	case o.bk == nil:
+		m.insert(sh, &bucket{s: s, id: o.id, w: &w}, now, held)
+	default:
+		o.bk.s, *o.bk.w = s, w
+	}
+}
+
+// drop removes bk from sh. The caller holds sh's write lock and bk.mu.
+func (m *Memory) drop(sh *shard, bk *bucket, now int64) {
+	bk.dead = true
+	delete(sh.buckets, bk.id)
 	sh.dropped = max(sh.dropped, now)
 	m.live.Add(-1)
 }
 
 // evict drops a bucket to make room, from a shard held or one it can lock
 // without waiting (waiting could deadlock); if every other is busy, it yields.
-func (m *Memory) evict(held uint64, now int64) {
+func (m *Memory) evict(held *[shards]bool, now int64) {
 	for i := range m.shards {
-		if held&(1<<i) != 0 && m.evictFrom(&m.shards[i], now) {
+		if held[i] && m.evictFrom(&m.shards[i], now) {
 			return
 		}
 	}
 	for i := range m.shards {
-		if sh := &m.shards[i]; held&(1<<i) == 0 && sh.mu.TryLock() {
+		if sh := &m.shards[i]; !held[i] && sh.mu.TryLock() {
 			ok := m.evictFrom(sh, now)
 			sh.mu.Unlock()
 			if ok {
@@ -363,24 +438,27 @@ func (m *Memory) evict(held uint64, now int64) {
 // evictFrom drops, of up to 8 buckets of sh (in random map order), the first
 // full at now, else the nearest to full, and reports if it did; sh.mu is held.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
-	var victim id
-	var vt tat
-	n := 0
-	for k, e := range sh.buckets {
-		if n == 0 || e.s.u < vt.u {
-			victim, vt = k, e.s
+	vb, vt, n := (*bucket)(nil), tat{}, 0
+	for _, bk := range sh.buckets {
+		bk.mu.Lock()
+		s := bk.s
+		bk.mu.Unlock()
+		if n == 0 || s.u < vt.u {
+			vb, vt = bk, s
 		}
-		if n++; n == 8 || e.s.fullAt(now) {
+		if n++; n == 8 || s.fullAt(now) {
 			break
 		}
 	}
 	if n == 0 {
 		return false
 	}
-	if !vt.fullAt(now) {
+	vb.mu.Lock()
+	if !vb.s.fullAt(now) {
 		m.evicted.Add(1)
 	}
-	m.drop(sh, victim, now)
+	m.drop(sh, vb, now)
+	vb.mu.Unlock()
 	return true
 }
 
@@ -393,9 +471,9 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	ops, out := make([]op, len(reqs)), make([]Result, len(reqs))
+	ops := make([]op, len(reqs))
 	for i, q := range reqs {
-		ops[i] = op{res: &out[i], p: &ps[i], id: m.id(q.Key), k: int64(q.Cost) * ps[i].t}
+		ops[i] = op{p: &ps[i], id: m.id(q.Key), k: int64(q.Cost) * ps[i].t}
 		if ps[i].spec != "" {
 			ops[i].id = m.windowID(ops[i].id, &ps[i])
 		}
@@ -405,7 +483,8 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 			}
 		}
 	}
-	m.decideAll(ops)
+	out := make([]Result, len(reqs))
+	m.decideAll(out, ops)
 	return out, nil
 }
 
@@ -449,10 +528,11 @@ func (m *Memory) Sweep() {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		now := m.now()
-		for k, e := range sh.buckets {
-			if e.s.fullAt(now) {
-				m.drop(sh, k, now)
+		for _, bk := range sh.buckets {
+			if bk.mu.Lock(); bk.s.fullAt(now) {
+				m.drop(sh, bk, now)
 			}
+			bk.mu.Unlock()
 		}
 		sh.mu.Unlock()
 	}
