@@ -80,13 +80,13 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call that allow let through, and records its
-// outcome: an error is a failure unless ctx, the request's, ended (a client
-// that went away says nothing about the store); a probe whose client went
-// away, or that panics, also counts as a failure, so that the next
-// cooldown probes again rather than the breaker closing on no evidence or
-// staying half-open.
-func (b *breaker) call(ctx context.Context, probe bool, fn func() error) {
+// call runs fn, a store call that allow let through, returns its error and
+// records its outcome: an error is a failure unless ctx, the request's,
+// ended (a client that went away says nothing about the store); a probe
+// whose client went away, or that panics, is a failure too, so that the
+// next cooldown probes again rather than the breaker closing on no
+// evidence or staying half-open.
+func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	completed := false
 	defer func() {
 		if !completed {
@@ -95,11 +95,8 @@ func (b *breaker) call(ctx context.Context, probe bool, fn func() error) {
 	}()
 	err := fn()
 	completed = true
-	failed := err != nil && !gone(ctx)
-	if probe {
-		failed = err != nil || gone(ctx)
-	}
-	b.done(probe, failed)
+	b.done(probe, err != nil && !gone(ctx) || probe && gone(ctx))
+	return err
 }
 
 // done records the outcome of a store call that allow let through.
@@ -131,8 +128,4 @@ func (b *breaker) open(from BreakerState) {
 	}
 }
 
-func (b *breaker) changed(from, to BreakerState) {
-	if b.onChange != nil {
-		b.onChange(from, to)
-	}
-}
+func (b *breaker) changed(from, to BreakerState) { b.onChange(from, to) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -16,9 +17,9 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// The one request path of [Limiter] and [Multi]: a Limiter is a plan of one
-// policy, a Multi has plans of several. skip → key → cost → deny cache →
-// store under the budget → failure policy → headers → next or 429 → refund.
+// The one request path of [Limiter] and [Multi] (a Limiter is a plan of one
+// policy): skip → key → cost → deny cache → store under the budget →
+// failure policy → headers → next or 429 → refund.
 
 // A plan is the policies one request is decided under, all or nothing.
 type plan struct {
@@ -33,15 +34,15 @@ type policy struct {
 	limit   store.Limit
 	local   store.Limit      // FailLocal's share
 	key     keyfuncs.KeyFunc // nil: the TCP peer, appended without a string
-	prefix  string           // "<name>:", or "[<tier>/]<name>:{" if tagged
-	tagged  bool             // a Multi's: the subject in braces, the Cluster hash tag of its policies
+	prefix  string           // "[<tier>/]<name>:", and "{" if tagged
+	tagged  bool             // a Multi's: the subject in braces (see appendSubject)
 	hdr     *fieldCache      // nil: no rate-limit headers
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
 
-// request is what one request's decision needs, pooled, so that a plan of
-// one policy allocates nothing (on the stack, the slices of one policy
-// would escape through the Observer's strings).
+// request is what one request's decision needs, pooled so that a plan of
+// one policy allocates nothing (on the stack, its slices would escape
+// through the Observer's strings).
 type request struct {
 	p        *plan
 	cost     int
@@ -49,18 +50,17 @@ type request struct {
 	ends     []int    // where each key ends in key
 	subjects []string // "" for the TCP peer when nothing reads it
 	res      []store.Result
-	refund   []string // the store keys, kept past the request, for WithRefund
+	refund   []string // the store keys as strings, kept past the request
 	latency  time.Duration
 	local    bool      // decided in process (deny cache, FailLocal)
 	failed   bool      // the store failed: the failure policy decided
 	late     bool      // admitted to wait, refused for the server's deadline
-	at       time.Time // when decided, for WithRefund: a quota's count goes back only in its window
+	at       time.Time // when decided: a quota's count goes back only in its window
 }
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
 
-// maxPooledKey bounds the key buffers kept in the pool: a request that grew
-// one for a huge key is dropped rather than kept.
+// maxPooledKey bounds the key buffers kept in the pool.
 const maxPooledKey = 1024
 
 func newRequest(p *plan) *request {
@@ -88,6 +88,35 @@ func (q *request) keyOf(i int) []byte {
 	return q.key[start:q.ends[i]]
 }
 
+// subject returns the subject in the store key of policy i.
+func (q *request) subject(i int) []byte {
+	k, pol := q.keyOf(i), &q.p.policies[i]
+	if pol.tagged {
+		k = k[:len(k)-1]
+	}
+	return k[len(pol.prefix):]
+}
+
+// storeKeys returns the policies' store keys as strings, in q.refund.
+func (q *request) storeKeys() []string {
+	q.refund = q.refund[:0]
+	for i := range q.p.policies {
+		q.refund = append(q.refund, string(q.keyOf(i)))
+	}
+	return q.refund
+}
+
+// delay returns how long q waits for its tokens (WithDelay): the longest
+// Delay of its policies.
+func (q *request) delay() (d time.Duration) {
+	for i := range q.res {
+		if q.res[i].Allowed {
+			d = max(d, q.res[i].Delay)
+		}
+	}
+	return d
+}
+
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	c := &l.cfg
 	p := l.def
@@ -96,31 +125,39 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			p = t
 		}
 	}
-	allowed, resolved := c.allowedResolved(r)
-	if !resolved && p.peer {
-		allowed, resolved = c.allowedPeer(r), true // the default key: the peer
+	allowed, known := c.allowedResolved(r)
+	if !known && p.peer { // the default key: the peer
+		allowed, known = c.allowedAddr(peerAddr(r)), true
 	}
 	if (c.skip != nil && c.skip(r)) || allowed {
-		l.observe(r, c.name, Event{Kind: EventSkipped})
-		next.ServeHTTP(w, r)
+		l.pass(w, r, next, "")
 		return
 	}
 	q := newRequest(p)
 	defer q.release()
-	kr, slot := slotted(r, resolved)
+	kr, slot := r, (*netip.Addr)(nil)
+	if !known { // the key functions record the address they resolve
+		slot = new(netip.Addr)
+		kr = r.WithContext(keyfuncs.WithAddressSlot(r.Context(), slot))
+	}
 	var err error
 	for i := range p.policies {
 		var subject string
-		q.key, subject, err = l.appendKey(q.key, &p.policies[i], kr)
+		q.key, subject, err = p.policies[i].appendKey(q.key, kr)
 		q.ends, q.subjects = append(q.ends, len(q.key)), append(q.subjects, subject)
 		if err != nil {
 			break
 		}
 	}
-	if !resolved && c.allowedAt(r, *slot) { // an allow-listed client needs no key
-		l.observe(r, c.name, Event{Kind: EventSkipped, Key: q.subjects[0]})
-		next.ServeHTTP(w, r)
-		return
+	if !known { // an allow-listed client needs no key
+		a := *slot
+		if !a.IsValid() {
+			a = peerAddr(r)
+		}
+		if c.allowedAddr(a) {
+			l.pass(w, r, next, q.subjects[0])
+			return
+		}
 	}
 	if err != nil {
 		l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", p.policies[len(q.ends)-1].name, err))
@@ -130,28 +167,20 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		q.cost = c.cost(r)
 	}
 	for i := range p.policies {
-		pol := &p.policies[i]
-		if q.cost < 0 || q.cost > pol.limit.Burst {
+		if pol := &p.policies[i]; q.cost < 0 || q.cost > pol.limit.Burst {
 			l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, q.cost, pol.limit.Burst))
 			return
 		}
 		if q.subjects[i] == "" && l.hooks {
-			key := q.keyOf(i)
-			if pol.tagged {
-				key = key[:len(key)-1]
-			}
-			q.subjects[i] = string(key[len(pol.prefix):]) // the peer's address
+			q.subjects[i] = string(q.subject(i)) // the peer's address
 		}
-		if c.allowKeys != nil && c.allowKeys[q.subjects[i]] {
-			l.observe(r, c.name, Event{Kind: EventSkipped, Key: q.subjects[i]})
-			next.ServeHTTP(w, r)
+		if c.allowKeys[q.subjects[i]] {
+			l.pass(w, r, next, q.subjects[i])
 			return
 		}
 	}
 	if c.refund != nil && q.cost > 0 {
-		for i := range p.policies {
-			q.refund = append(q.refund, string(q.keyOf(i)))
-		}
+		q.storeKeys()
 		q.at = time.Now()
 	}
 	var start time.Time
@@ -178,6 +207,12 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	l.respond(w, r, next, q)
 }
 
+// pass serves a request that skip rules or the allow-list let through.
+func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler, key string) {
+	l.observe(r, l.cfg.name, Event{Kind: EventSkipped, Key: key})
+	next.ServeHTTP(w, r)
+}
+
 // fallBack handles a store error by the failure policy: it reports whether q
 // was decided locally (FailLocal); if not, it has answered the request:
 // refused it (FailClosed), served it unlimited (FailOpen, or a cost a local
@@ -185,7 +220,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
 	if gone(r.Context()) {
-		return false // the client went away: nobody to answer, and not the store's fault
+		return false // nobody to answer, and not the store's fault
 	}
 	l.storeErrors.Add(1)
 	err = fmt.Errorf("middleware: %s: %w", c.name, err)
@@ -211,64 +246,53 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 
 // allAllowed reports whether every result allows the request.
 func allAllowed(res []store.Result) bool {
-	for i := range res {
-		if !res[i].Allowed {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(res, func(r store.Result) bool { return !r.Allowed })
 }
 
-// appendKey appends pol's store key of r to b, which the store prefixes:
-// "<name>:<subject>" ("tollgate:<name>:<subject>") for a Limiter, or
-// "<name>:{<subject>}" for a Multi's policy, whose braces make the subject
-// the Redis Cluster hash tag (which the store hashes): the policies of one
-// subject share a slot and one script call. A Limiter's subject that holds a
-// brace, as the route pattern "GET /items/{id}" does, is wrapped with the
-// name in braces, "{<name>:<subject>}", so that its own braces pick no slot.
-// subject is "" for the TCP peer (never a brace), appended without being
-// allocated.
-func (l *Limiter) appendKey(b []byte, pol *policy, r *http.Request) (key []byte, subject string, err error) {
+// appendKey appends pol's store key of r to b, and returns r's subject: ""
+// for the TCP peer, which is appended without a string.
+func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) {
 	if pol.key == nil {
-		b, err = keyfuncs.AppendPeerIP(append(b, pol.prefix...), r)
+		b, err := keyfuncs.AppendPeerIP(append(b, pol.prefix...), r)
 		if pol.tagged {
 			b = append(b, '}')
 		}
 		return b, "", err
 	}
-	subject, err = pol.key(r)
+	subject, err := pol.key(r)
 	if err == nil && subject == "" {
 		err = fmt.Errorf("%w: the KeyFunc returned an empty key", keyfuncs.ErrNoKey)
 	}
-	switch {
-	case pol.tagged:
-		return append(append(append(b, pol.prefix...), subject...), '}'), subject, err
-	case strings.IndexByte(subject, '{') >= 0:
-		b = append(append(append(b, '{'), pol.prefix...), subject...)
-		return append(b, '}'), subject, err
-	}
-	return append(append(b, pol.prefix...), subject...), subject, err
+	return pol.appendSubject(b, subject), subject, err
 }
 
-// decide puts in q.res the store's answer for every policy: for one policy
-// from the deny cache if it refuses it, else through the breaker within the
-// budget; for several, in one TakeAll.
-func (l *Limiter) decide(ctx context.Context, q *request) error {
-	if len(q.p.policies) > 1 {
-		reqs := make([]store.Request, len(q.p.policies))
-		for i := range reqs {
-			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].limit, Cost: q.cost, MaxDelay: l.cfg.delay}
-		}
-		res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) { return l.ms.TakeAll(ctx, reqs) })
-		q.res = res
-		return err
+// appendSubject appends the store key of subject to b (the store prefixes
+// it): "<name>:<subject>" for a Limiter; "<name>:{<subject>}" for a Multi,
+// whose braces make the subject the Redis Cluster hash tag, so that the
+// policies of one subject share a slot and one script call. A Limiter's
+// subject that holds a brace, as the route pattern "GET /items/{id}" does,
+// gives "{<name>:<subject>}", so that its own braces pick no slot.
+func (pol *policy) appendSubject(b []byte, subject string) []byte {
+	braced := !pol.tagged && strings.IndexByte(subject, '{') >= 0
+	if braced {
+		b = append(b, '{')
 	}
+	b = append(append(b, pol.prefix...), subject...)
+	if braced || pol.tagged {
+		b = append(b, '}')
+	}
+	return b
+}
+
+// decide puts in q.res the store's answer for every policy, from the deny
+// cache if it refuses it, else through the breaker within the budget.
+func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
+	// Plans of one policy. A read takes nothing: never refused locally; nor
+	// is a window quota's request, which the cache's arithmetic does not model.
+	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
 	var verdict denyVerdict
 	var gen uint64
-	// A read takes nothing: never refused locally; nor is a window quota's
-	// request, whose count the cache's arithmetic of tokens does not model.
-	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
 	if deny {
 		var res store.Result
 		if verdict, res, gen = l.deny.check(key, lim, q.cost); verdict == denyHit {
@@ -277,55 +301,38 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 			return nil
 		}
 	}
-	res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
-		var res store.Result
-		var err error
-		switch {
-		case l.delayer != nil:
-			res, err = l.delayer.TakeDelayed(ctx, string(key), lim, q.cost, l.cfg.delay)
-		case l.mem != nil: // reads the key's bytes, which the caller reuses after
-			res, err = l.mem.TakeBytes(ctx, key, lim, q.cost)
-		default: // a copy: Redis hands its key to a client that can outlive the call
-			res, err = l.store.Take(ctx, string(key), lim, q.cost)
-		}
-		q.res = append(q.res[:0], res)
-		return q.res, err
-	})
-	if deny {
-		l.recordDenial(key, lim, q.cost, verdict, gen, res, err)
+	err := l.call(ctx, func(ctx context.Context) error { return q.take(ctx, l.store, false, false, l.cfg.delay) })
+	if !deny {
+		return err
 	}
-	return err
-}
-
-// recordDenial tells the deny cache what the store answered for key.
-func (l *Limiter) recordDenial(key []byte, lim store.Limit, cost int, verdict denyVerdict, gen uint64, res []store.Result, err error) {
 	switch {
-	case err == nil && !res[0].Allowed:
-		l.deny.denied(key, lim, cost, res[0])
-	case verdict == denyProbe && err == nil && res[0].Remaining < cost:
+	case err == nil && !q.res[0].Allowed:
+		l.deny.denied(key, lim, q.cost, q.res[0])
+	case verdict == denyProbe && err == nil && q.res[0].Remaining < q.cost:
 		// The probe took the tokens that came back and left fewer than
-		// cost: the next request of this cost would be denied until the
-		// bucket holds cost again, at ResetAfter - (Burst-cost)*T, which
-		// the answer gives exactly (less a microsecond for its rounding).
-		// Keep refusing locally until then.
-		wait := res[0].ResetAfter - tokenTime(lim, lim.Burst-cost, true) - time.Microsecond - l.cfg.delay
+		// cost: the next request of this cost is denied until the bucket
+		// holds cost again, at ResetAfter - (Burst-cost)*T (less a
+		// microsecond for the store's rounding). Keep refusing until then.
+		wait := q.res[0].ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay
 		if wait > 0 {
-			l.deny.denied(key, lim, cost, store.Result{RetryAfter: wait, ResetAfter: res[0].ResetAfter})
+			l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: q.res[0].ResetAfter})
 		} else {
 			l.deny.probed(key, gen)
 		}
 	case verdict == denyProbe: // allowed with room left, or no answer: ask the store again
 		l.deny.probed(key, gen)
 	}
+	return err
 }
 
 // call runs fn through the circuit breaker, within the timeout budget unless
 // the store is a Memory (nothing to wait for).
-func (l *Limiter) call(ctx context.Context, fn func(context.Context) ([]store.Result, error)) ([]store.Result, error) {
-	call, probe := true, false
+func (l *Limiter) call(ctx context.Context, fn func(context.Context) error) error {
+	probe := false
 	if l.brk != nil {
-		if call, probe = l.brk.allow(); !call {
-			return nil, ErrBreakerOpen
+		var ok bool
+		if ok, probe = l.brk.allow(); !ok {
+			return ErrBreakerOpen
 		}
 	}
 	tctx := ctx
@@ -337,20 +344,52 @@ func (l *Limiter) call(ctx context.Context, fn func(context.Context) ([]store.Re
 	if l.brk == nil {
 		return fn(tctx)
 	}
-	var res []store.Result
-	var err error
-	l.brk.call(ctx, probe, func() error {
-		res, err = fn(tctx)
-		return err
-	})
-	return res, err
+	return l.brk.call(ctx, probe, func() error { return fn(tctx) })
 }
 
-// takeLocal decides q on FailLocal's in-process store, under the local
-// shares, into q.res unless it only mirrors what the store allowed.
+// take decides q on s, under the local shares if local, into q.res unless
+// it only mirrors what the store allowed.
+func (q *request) take(ctx context.Context, s store.Store, local, mirror bool, delay time.Duration) error {
+	pols := q.p.policies
+	if len(pols) > 1 {
+		reqs := make([]store.Request, len(pols))
+		for i := range reqs {
+			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: pols[i].limit, Cost: q.cost, MaxDelay: delay}
+			if local {
+				reqs[i].Limit = pols[i].local
+			}
+		}
+		res, err := s.(store.MultiStore).TakeAll(ctx, reqs)
+		if !mirror {
+			q.res = res
+		}
+		return err
+	}
+	key, lim := q.keyOf(0), pols[0].limit
+	if local {
+		lim = pols[0].local
+	}
+	var res store.Result
+	var err error
+	switch m, ok := s.(*store.Memory); {
+	case delay > 0:
+		res, err = s.(store.Delayer).TakeDelayed(ctx, string(key), lim, q.cost, delay)
+	case ok: // reads the key's bytes, which the caller reuses after
+		res, err = m.TakeBytes(ctx, key, lim, q.cost)
+	default: // a copy: Redis hands its key to a client that can outlive the call
+		res, err = s.Take(ctx, string(key), lim, q.cost)
+	}
+	if !mirror {
+		q.res = append(q.res[:0], res)
+	}
+	return err
+}
+
+// takeLocal decides q on FailLocal's in-process store under the local
+// shares; a mirror of what the store allowed leaves q.res alone.
 func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error {
-	// The local store is swept every localSweep by a goroutine that ends
-	// with the sweep: a Limiter has no Close that could stop a sweeper.
+	// The local store is swept by a goroutine that ends with the sweep: a
+	// Limiter has no Close that could stop a sweeper.
 	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
 		go l.local.Sweep()
 	}
@@ -358,42 +397,16 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 	if mirror {
 		delay = l.cfg.delay
 	}
-	if len(q.p.policies) == 1 {
-		var res store.Result
-		var err error
-		if delay > 0 {
-			res, err = l.local.TakeDelayed(ctx, string(q.keyOf(0)), q.p.policies[0].local, q.cost, delay)
-		} else {
-			res, err = l.local.TakeBytes(ctx, q.keyOf(0), q.p.policies[0].local, q.cost)
-		}
-		if err == nil && !mirror {
-			q.res = append(q.res[:0], res)
-		}
-		return err
-	}
-	reqs := make([]store.Request, len(q.p.policies))
-	for i := range reqs {
-		reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: q.p.policies[i].local, Cost: q.cost, MaxDelay: delay}
-	}
-	res, err := l.local.TakeAll(ctx, reqs)
-	if err == nil && !mirror {
-		q.res = res
-	}
-	return err
+	return q.take(ctx, l.local, true, mirror, delay)
 }
 
-// wait holds an allowed request until its tokens are due (WithDelay): the
-// longest Delay over its policies. A request whose context ends first (a
-// deadline of the server's, before its tokens or while it waits) gets its
-// tokens given back and a refusal to answer, retried when they are due; if
-// the client went away it reports false: nothing to answer.
+// wait holds an allowed request until its tokens are due (WithDelay). A
+// request whose context ends first (a deadline of the server's, before its
+// tokens or while it waits) gets its tokens given back and a refusal,
+// retried when they are due; if the client went away it reports false:
+// nothing to answer.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
-	var d time.Duration
-	for i := range q.res {
-		if q.res[i].Allowed {
-			d = max(d, q.res[i].Delay)
-		}
-	}
+	d := q.delay()
 	if d <= 0 || l.cfg.dryRun {
 		return true
 	}
@@ -439,17 +452,8 @@ func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
 	q.late = true
 }
 
-// storeKeys returns the policies' store keys as strings, in q.refund.
-func (q *request) storeKeys() []string {
-	q.refund = q.refund[:0]
-	for i := range q.p.policies {
-		q.refund = append(q.refund, string(q.keyOf(i)))
-	}
-	return q.refund
-}
-
 // aged returns res as it stands d later if nothing else takes from its
-// bucket: the headers of a request that waited d describe the state after it.
+// bucket: the headers of a request that waited d describe the state after.
 func aged(res store.Result, d time.Duration) store.Result {
 	res.ResetAfter = max(res.ResetAfter-d, 0)
 	res.Remaining = tokensAt(res.Limit, res.ResetAfter)
@@ -471,25 +475,24 @@ func (l *Limiter) observe(r *http.Request, name string, e Event) {
 // the request. A refusal's Retry-After is the latest over the policies, and
 // its problem document and denied handler those of that policy.
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
-	c := &l.cfg
+	c, pols := &l.cfg, q.p.policies
 	allowed := allAllowed(q.res)
-	if !allowed && !c.dryRun && c.penalty != nil && !q.failed && !q.late && q.refusedOwn() && !l.blocked(q) { // not the client's doing
+	refused := !allowed && !c.dryRun
+	if refused && c.penalty != nil && !q.failed && !q.late && q.refusedOwn() && !slices.ContainsFunc(q.res, l.inBlock) {
 		l.strike(r, q) // first: a block it lands is what the events and headers report
 	}
-	violated := 0
 	var delay time.Duration
-	for i := range q.res {
-		if allowed {
-			delay = max(delay, q.res[i].Delay)
-		}
+	if allowed {
+		delay = q.delay()
 	}
-	for i := range q.p.policies {
+	violated := 0
+	for i := range pols {
 		if c.observer != nil {
 			kind := EventAllowed
 			if !allowed {
 				kind = EventDenied
 			}
-			l.observe(r, q.p.policies[i].event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
+			l.observe(r, pols[i].event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
 				Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
 		}
 		if q.res[i].RetryAfter > q.res[violated].RetryAfter {
@@ -501,42 +504,42 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		now = time.Now()
 	}
 	h := w.Header()
-	if allowed || c.dryRun {
-		for i := range q.p.policies {
-			if pol := &q.p.policies[i]; pol.hdr != nil { // nil in dry-run mode
-				pol.hdr.write(h, quota(pol, q.res[i]), now)
-			}
+	for i := range pols {
+		switch pol := &pols[i]; {
+		case pol.hdr == nil: // no headers, or dry-run mode
+		case refused && len(pols) == 1:
+			pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
+		default:
+			pol.hdr.write(h, quota(pol, q.res[i]), now)
 		}
-		if allowed && (len(q.refund) > 0 || c.penalty != nil && c.penalty.Failed != nil) {
-			l.serveWatched(w, r, next, q)
+	}
+	switch {
+	case allowed && (len(q.refund) > 0 || c.penalty != nil && c.penalty.Failed != nil):
+		l.serveWatched(w, r, next, q)
+	case !refused:
+		next.ServeHTTP(w, r)
+	default:
+		if len(pols) > 1 || pols[0].hdr == nil {
+			headers.WriteRetryAfter(h, q.res[violated].RetryAfter)
+		}
+		if c.denied != nil {
+			h["Cache-Control"] = []string{"no-store"} // the canonical key Header.Set would compute
+			c.denied(w, r, q.res[violated])
 			return
 		}
-		next.ServeHTTP(w, r)
-		return
-	}
-	if pol := &q.p.policies[0]; len(q.p.policies) == 1 && pol.hdr != nil {
-		pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
-	} else {
-		for i := range q.p.policies {
-			if pol := &q.p.policies[i]; pol.hdr != nil {
-				pol.hdr.write(h, quota(pol, q.res[i]), now)
-			}
+		body, ctype := deniedBody, "text/plain; charset=utf-8"
+		if p := pols[violated].problem; p != nil {
+			body, ctype = p, "application/problem+json"
 		}
-		headers.WriteRetryAfter(h, q.res[violated].RetryAfter)
+		writeRefusal(w, http.StatusTooManyRequests, true, ctype, body)
 	}
-	if c.denied != nil {
-		h["Cache-Control"] = []string{"no-store"} // the canonical key Header.Set would compute
-		c.denied(w, r, q.res[violated])
-		return
-	}
-	l.writeDenied(w, h, q.p.policies[violated].problem)
 }
 
 // quota turns pol's store result into what the headers report.
 func quota(pol *policy, res store.Result) headers.Quota {
 	window := res.Limit.Period
-	// A calendar window's length varies (a month, a day of 23 hours): this one's.
-	// Others are Period long, and computing none saves allocations per response.
+	// A calendar window's length varies (a month, a day of 23 hours): this
+	// one's. Computing none for the others saves 4 allocations per response.
 	if w := res.Limit.Window; w != nil && (w.Location() != nil || res.Limit.Period == 0) {
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
@@ -549,6 +552,58 @@ func quota(pol *policy, res store.Result) headers.Quota {
 		Remaining: res.Remaining,
 		Reset:     NextToken(res),
 	}
+}
+
+// newPolicy returns the policy named name (already checked) of limit, in
+// tier; tagged for a Multi's (see appendSubject).
+func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
+	c := &l.cfg
+	if err := limit.ValidateDelay(c.delay); err != nil {
+		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
+	}
+	if p := c.penalty; p != nil {
+		// A strike finds up to a whole bucket and the queue in debt.
+		if err := limit.ValidateBlock(p.Block + 2*c.delay + tokenTime(limit, limit.Burst, true)); err != nil {
+			return policy{}, fmt.Errorf("middleware: WithPenalty: %w", err)
+		}
+	}
+	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":", tagged: tagged}
+	if tagged {
+		pol.prefix += "{"
+	}
+	if tier != "" {
+		pol.event, pol.prefix = tier+"/"+name, tier+"/"+pol.prefix
+	}
+	if c.problemDetails {
+		pol.problem = problemDocument(name)
+	}
+	if c.profile != 0 && !c.dryRun {
+		pol.hdr = newFieldCache(c.profile, name, limit)
+	}
+	if l.local != nil {
+		// The same rate over n times the period: exactly 1/n of it; a
+		// window quota's share, 1/n of its count in the same windows.
+		n := c.policy.replicas
+		pol.local = store.Limit{Rate: limit.Rate, Period: limit.Period * time.Duration(n), Burst: max(1, limit.Burst/n)}
+		if limit.Window != nil {
+			pol.local = limit
+			pol.local.Rate = max(1, limit.Rate/n)
+			pol.local.Burst = pol.local.Rate
+		}
+		if err := pol.local.ValidateDelay(c.delay); err != nil {
+			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", n, err)
+		}
+	}
+	return pol, nil
+}
+
+// newPlan returns the plan of pols.
+func newPlan(pols ...policy) *plan {
+	p := &plan{policies: pols, peer: true}
+	for i := range pols {
+		p.peer = p.peer && pols[i].key == nil
+	}
+	return p
 }
 
 // serveWatched serves the request, then gives its cost back to every
@@ -586,25 +641,19 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 // within the budget, and reports whether it is in a block (a read that
 // fails, or an open breaker, says no).
 func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
-	res, err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) ([]store.Result, error) {
-		res, err := store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
-		return []store.Result{res}, err
+	var res store.Result
+	err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) (err error) {
+		res, err = store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
+		return err
 	})
-	return err == nil && l.inBlock(res[0])
+	return err == nil && l.inBlock(res)
 }
 
 // own reports whether policy i keys by the subject of the first, whose
 // strikes and block are the penalty's: a Multi's global or per-route
 // policy is nobody's to block.
 func (q *request) own(i int) bool {
-	if i == 0 {
-		return true
-	}
-	subject := func(i int) []byte { // a Multi's keys: "<prefix>{<subject>}"
-		k := q.keyOf(i)
-		return k[len(q.p.policies[i].prefix) : len(k)-1]
-	}
-	return bytes.Equal(subject(i), subject(0))
+	return i == 0 || bytes.Equal(q.subject(i), q.subject(0))
 }
 
 // refusedOwn reports whether one of the subject's own policies refused q (a
@@ -616,11 +665,6 @@ func (q *request) refusedOwn() bool {
 		}
 	}
 	return false
-}
-
-// blocked reports whether q's refusal comes from a block.
-func (l *Limiter) blocked(q *request) bool {
-	return slices.ContainsFunc(q.res, l.inBlock)
 }
 
 // inBlock reports whether res's bucket is further from full than a whole
@@ -638,18 +682,19 @@ func (l *Limiter) inBlock(res store.Result) bool {
 // results into what the store now says. Each step runs under the budget,
 // even after the client has gone.
 func (l *Limiter) strike(r *http.Request, q *request) {
-	p := l.cfg.penalty
+	p, d := l.cfg.penalty, l.cfg.delay
 	keys := q.storeKeys()
 	ctx := context.WithoutCancel(r.Context())
-	res, err := l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
-		res, err := l.store.Take(ctx, "}"+keys[0], p.strikes(), 1)
-		return []store.Result{res}, err
+	var res store.Result
+	err := l.call(ctx, func(ctx context.Context) (err error) {
+		res, err = l.store.Take(ctx, "}"+keys[0], p.strikes(), 1)
+		return err
 	})
-	if err == nil && (!res[0].Allowed || res[0].Remaining > 0) {
+	if err == nil && (!res.Allowed || res.Remaining > 0) {
 		return // strikes left, or none: another request spent the last one
 	}
 	if err == nil {
-		_, err = l.call(ctx, func(ctx context.Context) ([]store.Result, error) {
+		err = l.call(ctx, func(ctx context.Context) error {
 			for i, key := range keys {
 				if !q.own(i) {
 					continue
@@ -658,22 +703,22 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 				res, err := store.Inspect(ctx, l.store, key, pol.limit, q.cost)
 				if err == nil && !l.inBlock(res) {
 					// WithDelay queues a request its wait ahead: block that much longer.
-					if err = l.admin.Block(ctx, key, pol.limit, p.Block+l.cfg.delay); err == nil {
+					if err = l.admin.Block(ctx, key, pol.limit, p.Block+d); err == nil {
 						if l.local != nil { // this server's FailLocal share, should the store fail in the block
-							l.local.Block(ctx, key, pol.local, p.Block+l.cfg.delay)
+							l.local.Block(ctx, key, pol.local, p.Block+d)
 						}
 						res, err = store.Inspect(ctx, l.store, key, pol.limit, q.cost)
 					}
 				}
 				if err != nil {
-					return nil, err
+					return err
 				}
 				if !res.Allowed { // queued from then on
-					res.RetryAfter = max(res.RetryAfter-l.cfg.delay, time.Microsecond)
+					res.RetryAfter = max(res.RetryAfter-d, time.Microsecond)
 				}
 				q.res[i] = res
 			}
-			return nil, l.admin.Reset(ctx, "}"+keys[0])
+			return l.admin.Reset(ctx, "}"+keys[0])
 		})
 	}
 	if err != nil {
@@ -690,17 +735,21 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 }
 
 // giveBack gives q's cost back to every policy's bucket, keys[i] that of
-// policy i ("": not that one), within the budget even if the client has gone.
+// policy i ("": not that one), within the budget even if the client has
+// gone. A refund that fails is reported: the tokens stay taken.
 func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
+	failed := func(err error) {
+		l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: q.cost, Err: fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)})
+	}
 	if l.BreakerState() == BreakerOpen {
-		l.refundFailed(r, q.cost, ErrBreakerOpen) // no waiting on a store known to fail
+		failed(ErrBreakerOpen) // no waiting on a store known to fail
 		return
 	}
-	refunder := l.store.(store.Refunder) // checked by New
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
 	for i, key := range keys {
-		if lim := q.p.policies[i].limit; lim.Window != nil {
+		pol := &q.p.policies[i]
+		if lim := pol.limit; lim.Window != nil {
 			took, _ := lim.WindowAt(q.at)
 			if start, _ := lim.WindowAt(time.Now()); !took.Equal(start) { // read just before its refund
 				continue // its window has ended: a count back in the next would loosen it
@@ -710,80 +759,14 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 			continue
 		}
 		if l.local != nil && !q.local { // the mirror took them too
-			l.local.Refund(ctx, key, q.p.policies[i].local, q.cost)
+			l.local.Refund(ctx, key, pol.local, q.cost)
 		}
-		if _, err := refunder.Refund(ctx, key, q.p.policies[i].limit, q.cost); err != nil {
-			l.refundFailed(r, q.cost, err)
+		if _, err := l.store.(store.Refunder).Refund(ctx, key, pol.limit, q.cost); err != nil { // checked by New
+			failed(err)
 		} else if l.deny != nil {
 			// Tokens came back: a denial cached meanwhile may be wrong now.
 			// (Other servers' caches keep theirs until they expire.)
 			l.deny.forget([]byte(key))
 		}
 	}
-}
-
-// newPolicy returns the policy named name (already checked) of limit, in
-// tier; tagged for a Multi's (see appendKey).
-func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
-	if err := limit.ValidateDelay(l.cfg.delay); err != nil {
-		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
-	}
-	if p := l.cfg.penalty; p != nil {
-		// A strike finds up to a whole bucket and the queue in debt.
-		if err := limit.ValidateBlock(p.Block + 2*l.cfg.delay + tokenTime(limit, limit.Burst, true)); err != nil {
-			return policy{}, fmt.Errorf("middleware: WithPenalty: %w", err)
-		}
-	}
-	pol := policy{name: name, event: name, limit: limit, key: key, prefix: name + ":", tagged: tagged}
-	if tagged {
-		pol.prefix += "{"
-	}
-	if tier != "" {
-		pol.event, pol.prefix = tier+"/"+name, tier+"/"+pol.prefix
-	}
-	c := &l.cfg
-	if c.problemDetails {
-		pol.problem = problemDocument(name)
-	}
-	if c.profile != 0 && !c.dryRun {
-		pol.hdr = newFieldCache(c.profile, name, limit)
-	}
-	if c.policy.kind == failLocal && l.local != nil {
-		// The same rate over n times the period: exactly 1/n of it; a
-		// window quota's share, 1/n of its count in the same windows.
-		pol.local = store.Limit{
-			Rate:   limit.Rate,
-			Period: limit.Period * time.Duration(c.policy.replicas),
-			Burst:  max(1, limit.Burst/c.policy.replicas),
-		}
-		if limit.Window != nil {
-			pol.local = limit
-			pol.local.Rate = max(1, limit.Rate/c.policy.replicas)
-			pol.local.Burst = pol.local.Rate
-		}
-		if err := pol.local.ValidateDelay(c.delay); err != nil {
-			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", c.policy.replicas, err)
-		}
-	}
-	return pol, nil
-}
-
-// newPlan returns the plan of pols, and whether all of them key by the peer.
-func newPlan(pols []policy) *plan {
-	p := &plan{policies: pols, peer: true}
-	for i := range pols {
-		p.peer = p.peer && pols[i].key == nil
-	}
-	return p
-}
-
-// checkTier reports whether tier can prefix bucket names.
-func checkTier(tier string) error {
-	if tier == "" {
-		return nil
-	}
-	if err := WithName(tier)(&config{}); err != nil || strings.Contains(tier, "/") {
-		return fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
-	}
-	return nil
 }

@@ -21,34 +21,31 @@ import (
 )
 
 // ErrCostOutOfRange is wrapped by the error given to the key-error handler
-// and the Observer's EventError when a request's cost is below 0 or above the limit's
-// Burst.
+// and the Observer's EventError when a request's cost is below 0 or above
+// the limit's Burst.
 var ErrCostOutOfRange = errors.New("middleware: cost out of range")
+
+// ErrBreakerOpen is wrapped by the error of an EventError for a decision
+// that took the failure policy because the circuit breaker is open.
+var ErrBreakerOpen = errors.New("middleware: circuit breaker open")
 
 // Limiter is rate-limiting middleware for one limit. It is safe for
 // concurrent use; build it with [New].
 type Limiter struct {
-	cfg   config
-	store store.Store
-	ms    store.MultiStore // the store, for plans of several policies
-	limit store.Limit      // the default plan's first
-	site  string           // where New was called; see defaultName
-	bound bool             // apply cfg.timeout to store calls
-	mem   *store.Memory    // the store, if a Memory: decided on the key's bytes
-	// delayer is the store, with WithDelay; admin, with WithPenalty.
-	delayer store.Delayer
-	admin   store.Admin
-	plans   map[string]*plan // by tier, for a Multi
-	def     *plan            // the plan of a Limiter, and of a Multi's unknown tiers
-	of      func(*http.Request) string
-	hooks   bool // the observer or the allow-list needs subjects as strings
-	brk     *breaker
-	local   *store.Memory // FailLocal's store
-	// localSwept is when the local store was last swept (monotonicNow).
-	localSwept atomic.Int64
-	deny       *denyCache // nil: no deny cache
-	// configOnce logs the first store error that is a configuration error.
-	configOnce sync.Once
+	cfg        config
+	store      store.Store
+	site       string           // where New was called; see WithName
+	bound      bool             // apply cfg.timeout to store calls: not a Memory
+	admin      store.Admin      // the store, with WithPenalty
+	plans      map[string]*plan // by tier, for a Multi
+	def        *plan            // the plan of a Limiter, and of a Multi's unknown tiers
+	of         func(*http.Request) string
+	hooks      bool // the observer or the allow-list needs subjects as strings
+	brk        *breaker
+	local      *store.Memory // FailLocal's store
+	localSwept atomic.Int64  // when the local store was last swept (monotonicNow)
+	deny       *denyCache    // nil: no deny cache
+	configOnce sync.Once     // logs the first store error that is a configuration error
 
 	keyErrors   atomic.Int64
 	storeErrors atomic.Int64
@@ -70,19 +67,16 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.cfg.name == "" {
-		l.cfg.name = DefaultName(limit) + "@" + l.site
-	}
 	pol, err := l.newPolicy("", l.cfg.name, limit, l.cfg.keyFunc, false)
 	if err != nil {
 		return nil, err
 	}
-	l.def = newPlan([]policy{pol})
+	l.def = newPlan(pol)
 	return l, nil
 }
 
-// newLimiter returns a Limiter of s and opts without plans; limit is the
-// first of its default plan.
+// newLimiter returns a Limiter of s and opts without plans, named after
+// limit unless WithName names it.
 func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, error) {
 	if s == nil {
 		return nil, errors.New("middleware: nil store")
@@ -95,7 +89,7 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	if err := limit.Validate(); err != nil {
 		return nil, fmt.Errorf("middleware: %w", err)
 	}
-	l := &Limiter{store: s, limit: limit, site: site()}
+	l := &Limiter{store: s, site: site()}
 	l.cfg = config{
 		timeout:         DefaultTimeout,
 		policy:          FailLocal,
@@ -111,25 +105,23 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 			return nil, fmt.Errorf("middleware: %w", err)
 		}
 	}
-	l.ms, _ = s.(store.MultiStore)
-	l.mem, _ = s.(*store.Memory) // decides in memory: nothing to wait for
-	l.bound = l.mem == nil
+	if l.cfg.name == "" {
+		l.cfg.name = DefaultName(limit) + "@" + l.site
+	}
+	_, mem := s.(*store.Memory)
+	l.bound = !mem // a Memory decides in memory: nothing to wait for
 	l.hooks = l.cfg.observer != nil || l.cfg.allowKeys != nil
-	if l.cfg.refund != nil {
-		if _, ok := s.(store.Refunder); !ok {
-			return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
-		}
+	_, refunds := s.(store.Refunder)
+	if l.cfg.refund != nil && !refunds {
+		return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
 	}
 	if l.cfg.penalty != nil {
 		if l.admin, _ = s.(store.Admin); l.admin == nil {
 			return nil, fmt.Errorf("middleware: WithPenalty: %T cannot block a key (store.Admin)", s)
 		}
 	}
-	if l.cfg.delay > 0 {
-		_, refunds := s.(store.Refunder)
-		if l.delayer, _ = s.(store.Delayer); l.delayer == nil || !refunds {
-			return nil, fmt.Errorf("middleware: WithDelay: %T cannot take tokens ahead of time and give them back (store.Delayer and store.Refunder)", s)
-		}
+	if _, delays := s.(store.Delayer); l.cfg.delay > 0 && (!delays || !refunds) {
+		return nil, fmt.Errorf("middleware: WithDelay: %T cannot take tokens ahead of time and give them back (store.Delayer and store.Refunder)", s)
 	}
 	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {
 		l.deny = newDenyCache(l.cfg.denyKeys)
@@ -140,9 +132,8 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
 		// No sweeper goroutine, so nothing to close: full buckets are
 		// dropped as they are read, when room is needed and by takeLocal's
-		// sweeps. At most localMaxKeys of them (about 8 MB): past that the
-		// local limit forgets the buckets nearest to full, which only the
-		// fallback feels.
+		// sweeps. Past localMaxKeys (about 8 MB) the local limit forgets the
+		// buckets nearest to full, which only the fallback feels.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	return l, nil
@@ -154,10 +145,6 @@ const localMaxKeys = 100_000
 
 var localSweep = store.DefaultSweepInterval // a variable for tests
 
-// ErrBreakerOpen is wrapped by the error of an EventError for a
-// decision that took the failure policy because the circuit breaker is open.
-var ErrBreakerOpen = errors.New("middleware: circuit breaker open")
-
 // BreakerState returns the state of the limiter's circuit breaker
 // (always BreakerClosed when it has none).
 func (l *Limiter) BreakerState() BreakerState {
@@ -168,8 +155,8 @@ func (l *Limiter) BreakerState() BreakerState {
 }
 
 // reportConfig logs, once per limiter, a store error that no retry will
-// cure (the Redis user may not run the script; see store.Redis.Check): the
-// failure policy decides every request until it is fixed.
+// cure (the Redis user may not run the script): the failure policy decides
+// every request until it is fixed.
 func (l *Limiter) reportConfig(err error) {
 	if scriptRefused(err) {
 		l.configOnce.Do(func() {
@@ -189,12 +176,11 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 	o.Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
 }
 
-// DefaultName is what a limiter's default name starts with: "<rate>-per-<period>",
-// plus "-burst-<burst>" when the burst differs from the rate (a window
-// quota's: "-fixed" or "-sliding"; a monthly one's is "<rate>-per-month"), such as
-// "100-per-1m" or "5-per-1s-burst-10". Unless [WithName] says otherwise, the
-// name is DefaultName, "@" and 8 hex digits naming where the limiter was made
-// (see [WithName]), such as "100-per-1m@9c1d02e7".
+// DefaultName returns what a limiter's default name starts with:
+// "<rate>-per-<period>", plus "-burst-<burst>" when the burst differs from
+// the rate (a window quota's: "-fixed" or "-sliding"; a monthly one's is
+// "<rate>-per-month"), such as "100-per-1m" or "5-per-1s-burst-10". See
+// [WithName].
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
 	switch {
@@ -245,15 +231,13 @@ func site() string {
 
 // shortDuration formats d without zero units: 1m rather than 1m0s.
 func shortDuration(d time.Duration) string {
-	switch {
-	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
-	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	case d%time.Millisecond == 0:
-		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
+		if d%u.d == 0 {
+			return strconv.FormatInt(int64(d/u.d), 10) + u.name
+		}
 	}
 	return strconv.FormatInt(int64(d/time.Microsecond), 10) + "us"
 }
@@ -262,18 +246,11 @@ func shortDuration(d time.Duration) string {
 func (l *Limiter) Name() string { return l.cfg.name }
 
 // StoreKey returns the store key of subject's bucket, subject being what the
-// key function returns (such as "ip:192.0.2.1"), as appendKey builds it: for
-// operator tools ([store.Inspect], [store.Admin]). On a [Multi] it is the
-// bucket of the default plan's first policy.
+// key function returns (such as "ip:192.0.2.1"), for operator tools
+// ([store.Inspect], [store.Admin]). On a [Multi] it is the bucket of the
+// default plan's first policy.
 func (l *Limiter) StoreKey(subject string) string {
-	switch pol := &l.def.policies[0]; {
-	case pol.tagged:
-		return pol.prefix + subject + "}"
-	case strings.IndexByte(subject, '{') >= 0:
-		return "{" + pol.prefix + subject + "}"
-	default:
-		return pol.prefix + subject
-	}
+	return string(l.def.policies[0].appendSubject(nil, subject))
 }
 
 // Forget drops this process's cached denial of subject (WithDenyCache), as
@@ -286,28 +263,26 @@ func (l *Limiter) Forget(subject string) {
 	}
 }
 
-// Limit returns the limiter's limit.
-func (l *Limiter) Limit() store.Limit { return l.limit }
+// Limit returns the limiter's limit (a Multi's: its default plan's first).
+func (l *Limiter) Limit() store.Limit { return l.def.policies[0].limit }
 
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
 	return Stats{KeyErrors: l.keyErrors.Load(), StoreErrors: l.storeErrors.Load(), DenyCacheHits: l.denyHits.Load()}
 }
 
-// Handler returns next wrapped by the limiter: skip rules, then the KeyFunc,
-// the cost, the deny cache if any, one store decision under the timeout
-// budget, the rate-limit headers, and either next or a refusal.
+// Handler returns next wrapped by the limiter (see the package doc for what
+// it does to a request).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l.serve(w, r, next)
 	})
 }
 
-// gone reports whether the request's context ctx has ended: cancelled, or
-// past its deadline. The deadline is also read on the clock because a
-// go-redis client with ContextTimeoutEnabled ends its call at that deadline
-// itself, and its error usually comes back before the context's own timer
-// has marked ctx done.
+// gone reports whether the request's context ctx has ended. The deadline is
+// also read on the clock: a go-redis client with ContextTimeoutEnabled ends
+// its call at that deadline itself, and its error usually comes back before
+// the context's own timer has marked ctx done.
 func gone(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
@@ -317,12 +292,12 @@ func gone(ctx context.Context) bool {
 }
 
 // NextToken returns the time until the bucket of res gains its next whole
-// token: 0 when it is full. It is the t of the RateLimit header. For a window
-// quota, it is res.Next: when its count next falls.
+// token (0 when it is full), the t of the RateLimit header; for a window
+// quota, res.Next: when its count next falls.
 func NextToken(res store.Result) time.Duration {
 	lim := res.Limit
 	if lim.Window != nil {
-		return res.Next // when the quota's count next falls
+		return res.Next
 	}
 	missing := lim.Burst - res.Remaining // whole tokens short of full
 	if missing <= 0 || res.ResetAfter <= 0 || lim.Rate <= 0 {
@@ -343,25 +318,22 @@ func NextToken(res store.Result) time.Duration {
 	return next
 }
 
-// deniedBody is the default body of a refusal. Writers must not change
-// what they are given to write, so every response can share it.
+// deniedBody is the default body of a refusal, shared by every response:
+// writers must not change what they are given to write.
 var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
-// writeDenied writes the default refusal, h being w's header, with problem
-// as its application/problem+json body if not nil.
-func (l *Limiter) writeDenied(w http.ResponseWriter, h http.Header, problem []byte) {
-	// The three fields in one allocation, under the canonical keys that
-	// Header.Set would compute. They are this response's own: code after
-	// us may write into them.
-	v := &[3]string{"no-store", "nosniff", "text/plain; charset=utf-8"}
-	body := deniedBody
-	if problem != nil {
-		v[2], body = "application/problem+json", problem
+// writeRefusal writes a refusal of status with a body of type ctype, and
+// Cache-Control: no-store if noStore. The fields take one allocation, under
+// the canonical keys Header.Set would compute; they are this response's
+// own, so code after us may write into them.
+func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string, body []byte) {
+	h := w.Header()
+	v := &[3]string{"nosniff", ctype, "no-store"}
+	h["X-Content-Type-Options"], h["Content-Type"] = v[0:1:1], v[1:2:2]
+	if noStore {
+		h["Cache-Control"] = v[2:3:3]
 	}
-	h["Cache-Control"] = v[0:1:1]
-	h["X-Content-Type-Options"] = v[1:2:2]
-	h["Content-Type"] = v[2:3:3]
-	w.WriteHeader(http.StatusTooManyRequests)
+	w.WriteHeader(status)
 	w.Write(body)
 }
 
@@ -375,39 +347,27 @@ func problemDocument(policy string) []byte {
 }
 
 // refuseUnrated answers a request the limiter cannot rate: it counts and
-// reports err, then refuses the request, or serves it with next in dry-run
-// mode, which never refuses.
+// reports err, then refuses the request, or serves it in dry-run mode.
 func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
 	l.observe(r, l.cfg.name, Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})
-	if l.cfg.dryRun {
+	switch {
+	case l.cfg.dryRun:
 		next.ServeHTTP(w, r)
-		return
-	}
-	if l.cfg.keyError != nil {
+	case l.cfg.keyError != nil:
 		l.cfg.keyError(w, r, err)
-		return
+	case errors.Is(err, keyfuncs.ErrInvalidConfig): // the server's fault, not the client's
+		writeRefusal(w, http.StatusInternalServerError, false, "text/plain; charset=utf-8", []byte("500 Internal Server Error: rate limiter misconfigured\n"))
+	default:
+		writeRefusal(w, http.StatusBadRequest, false, "text/plain; charset=utf-8", []byte("400 Bad Request: the rate limiter cannot rate this request\n"))
 	}
-	status, body := http.StatusBadRequest, "400 Bad Request: the rate limiter cannot rate this request\n"
-	if errors.Is(err, keyfuncs.ErrInvalidConfig) { // the server's fault, not the client's
-		status, body = http.StatusInternalServerError, "500 Internal Server Error: rate limiter misconfigured\n"
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	w.Write([]byte(body))
 }
 
 // refuseFailed answers a request refused by FailClosed.
 func (l *Limiter) refuseFailed(w http.ResponseWriter) {
-	h := w.Header()
-	if p := l.cfg.policy; p.retryAfter > 0 {
-		headers.WriteRetryAfter(h, p.retryAfter)
+	p := l.cfg.policy
+	if p.retryAfter > 0 {
+		headers.WriteRetryAfter(w.Header(), p.retryAfter)
 	}
-	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	status := l.cfg.policy.status
-	w.WriteHeader(status)
-	w.Write([]byte(strconv.Itoa(status) + " " + http.StatusText(status) + ": rate limiter unavailable\n"))
+	writeRefusal(w, p.status, true, "text/plain; charset=utf-8", []byte(strconv.Itoa(p.status)+" "+http.StatusText(p.status)+": rate limiter unavailable\n"))
 }

@@ -15,8 +15,8 @@ import (
 // 1000/h per user, 100/s per route, 5000/s for everyone.
 type Policy struct {
 	// Name names the policy's buckets and its item in the RateLimit
-	// headers; unique within a tier. The rules of [WithName] apply; empty
-	// means [DefaultName] of Limit.
+	// headers, unique within a tier, under the rules of [WithName] (and
+	// without '/'); empty means [DefaultName] of Limit.
 	Name  string
 	Limit store.Limit
 	// Key finds the policy's subject; nil means the limiter's key
@@ -28,40 +28,32 @@ type Policy struct {
 // request (its plan, its API key), so that plans change without rebuilding
 // the middleware.
 type Tiers struct {
-	// Of returns the request's tier. A tier not in Plans (including "")
-	// is the Default tier.
+	// Of returns the request's tier; one not in Plans (including "") is
+	// the Default tier.
 	Of func(r *http.Request) string
 	// Plans are the policies of each tier.
 	Plans map[string][]Policy
-	// Default is the tier of requests whose tier is unknown; it must be
-	// one of Plans. Give it the strictest plan: a request that names no
-	// plan, or a plan that does not exist, should not get more than a
-	// free one.
+	// Default, one of Plans, is the tier of requests whose tier is unknown:
+	// give it the strictest plan.
 	Default string
 }
 
 // Multi is rate-limiting middleware that decides several limits per
-// request at once: the request passes only if every policy allows it, and
-// a request refused by one policy consumes from none (see
-// [store.MultiStore]). Build it with [NewMulti] or [NewTiered]. A [Limiter]
-// is the case of one policy: both run one request path.
+// request at once, all or nothing: a request refused by one policy
+// consumes from none (see [store.MultiStore]). It is safe for concurrent
+// use; build it with [NewMulti] or [NewTiered].
 //
-// Every policy is reported in the RateLimit / RateLimit-Policy Lists; the
+// Every policy has its item in the RateLimit / RateLimit-Policy fields; the
 // single-value RateLimit-Limit/-Remaining/-Reset report the first, and a
 // 429's Retry-After, problem document and denied handler are those of the
-// violated policy that frees last. The bucket of a policy is
-// "<name>:{<subject>}" (or "<tier>/<name>:{<subject>}" for a tier other than
-// ""), so the policies of one subject share a Redis Cluster
-// hash tag and are decided in one atomic script call; policies on other
-// subjects (a global limit) are decided by further calls — see
-// [store.Redis.TakeAll] for their order and what a failure between them
-// means.
+// violated policy that frees last. A policy's bucket is "<name>:{<subject>}"
+// (or "<tier>/<name>:{<subject>}"), so the policies of one subject share a
+// Redis Cluster hash tag and one atomic script call; policies on other
+// subjects are further calls (see [store.Redis.TakeAll]).
 //
-// All of the Options of [New] apply to every policy, as to a Limiter's one:
-// [WithCost] takes the cost from each, FailLocal divides each among the
-// replicas, [WithName] names the middleware in errors and logs (each policy
-// has a name of its own). [WithDenyCache] is an error unless every plan has
-// one policy: the deny cache remembers one bucket's denials.
+// The Options of [New] apply to every policy. [WithName] names the
+// middleware in errors and logs; [WithDenyCache] is an error unless every
+// plan has one policy.
 type Multi struct{ *Limiter }
 
 // NewMulti returns middleware that enforces every one of policies on each
@@ -73,10 +65,7 @@ func NewMulti(s store.Store, policies []Policy, opts ...Option) (*Multi, error) 
 // NewTiered returns middleware that enforces on each request the policies
 // of its tier.
 func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
-	if _, ok := s.(store.MultiStore); !ok {
-		if s == nil {
-			return nil, errors.New("middleware: nil store")
-		}
+	if _, ok := s.(store.MultiStore); !ok && s != nil {
 		return nil, fmt.Errorf("middleware: %T cannot decide several limits at once (store.MultiStore)", s)
 	}
 	defPlan, ok := t.Plans[t.Default]
@@ -90,19 +79,15 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.cfg.name == "" {
-		l.cfg.name = DefaultName(defPlan[0].Limit) + "@" + l.site
-	}
 	l.of, l.plans = t.Of, map[string]*plan{}
 	for tier, pols := range t.Plans {
-		if len(pols) == 0 {
+		switch {
+		case len(pols) == 0:
 			return nil, fmt.Errorf("middleware: Tiers: tier %q has no policies", tier)
-		}
-		if len(pols) > 1 && l.deny != nil {
+		case len(pols) > 1 && l.deny != nil:
 			return nil, fmt.Errorf("middleware: WithDenyCache: tier %q has several policies, which the store decides together (the deny cache keeps one bucket's denials)", tier)
-		}
-		if err := checkTier(tier); err != nil {
-			return nil, err
+		case tier != "" && (checkName("", tier) != nil || strings.Contains(tier, "/")):
+			return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
 		}
 		var ps []policy
 		for _, pol := range pols {
@@ -115,7 +100,7 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 			}
 			ps = append(ps, q)
 		}
-		l.plans[tier] = newPlan(ps)
+		l.plans[tier] = newPlan(ps...)
 	}
 	l.def = l.plans[t.Default]
 	return &Multi{l}, nil
@@ -130,7 +115,7 @@ func (l *Limiter) policyOf(tier string, p Policy) (policy, error) {
 	if name == "" {
 		name = DefaultName(p.Limit) + "@" + l.site
 	}
-	if err := WithName(name)(&config{}); err != nil {
+	if err := checkName("WithName", name); err != nil {
 		return policy{}, fmt.Errorf("middleware: tier %q: policy: %w", tier, err)
 	}
 	if strings.Contains(name, "/") {

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"bufio"
-	"fmt"
 	"net"
 	"net/http"
 )
@@ -46,11 +45,4 @@ func (s *statusWriter) code() int {
 		return http.StatusOK
 	}
 	return s.status
-}
-
-// refundFailed reports a refund that could not be made: the tokens stay
-// taken.
-func (l *Limiter) refundFailed(r *http.Request, cost int, err error) {
-	err = fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)
-	l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: cost, Err: err})
 }
