@@ -6,9 +6,12 @@ import (
 	"time"
 )
 
-// Defaults of the circuit breaker in front of the store (see [WithBreaker]).
 const (
+	// DefaultBreakerFailures is the consecutive failures that open the
+	// circuit breaker unless [WithBreaker] says otherwise.
 	DefaultBreakerFailures = 5
+	// DefaultBreakerCooldown is how long the breaker stays open before it
+	// probes, unless [WithBreaker] says otherwise.
 	DefaultBreakerCooldown = time.Second
 )
 
@@ -16,25 +19,24 @@ const (
 type BreakerState int32
 
 const (
-	// BreakerClosed: every decision goes to the store.
+	// BreakerClosed sends every decision to the store.
 	BreakerClosed BreakerState = iota
-	// BreakerOpen: the store failed repeatedly; decisions take the failure
-	// policy at once, without calling it, until the cooldown has passed.
+	// BreakerOpen follows repeated failures: decisions take the failure
+	// policy at once, without calling the store, until the cooldown ends.
 	BreakerOpen
-	// BreakerHalfOpen: one probe decision is on its way to the store; the
-	// others still take the failure policy. Its success closes the breaker,
-	// its failure opens it again.
+	// BreakerHalfOpen lets one probe decision go to the store, while the
+	// others take the failure policy: its success closes the breaker, its
+	// failure opens it again.
 	BreakerHalfOpen
 )
 
+var breakerStates = [...]string{"closed", "open", "half-open"}
+
+// String returns the state's name: "closed", "open", "half-open", or
+// "unknown".
 func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half-open"
+	if s >= 0 && int(s) < len(breakerStates) {
+		return breakerStates[s]
 	}
 	return "unknown"
 }
@@ -65,7 +67,7 @@ func (b *breaker) allow() (call, probe bool) {
 		}
 		if b.state.CompareAndSwap(int32(BreakerOpen), int32(BreakerHalfOpen)) {
 			b.probedAt.Store(now)
-			b.changed(BreakerOpen, BreakerHalfOpen)
+			b.onChange(BreakerOpen, BreakerHalfOpen)
 			return true, true // this decision alone probes
 		}
 	case BreakerHalfOpen:
@@ -107,16 +109,14 @@ func (b *breaker) done(probe, failed bool) {
 	case probe:
 		b.failures.Store(0)
 		if b.state.CompareAndSwap(int32(BreakerHalfOpen), int32(BreakerClosed)) {
-			b.changed(BreakerHalfOpen, BreakerClosed)
+			b.onChange(BreakerHalfOpen, BreakerClosed)
 		}
 	case failed:
 		if b.failures.Add(1) >= b.threshold {
 			b.open(BreakerClosed)
 		}
 	default:
-		if b.failures.Load() != 0 { // read first: no write per healthy request
-			b.failures.Store(0)
-		}
+		b.failures.Store(0)
 	}
 }
 
@@ -124,8 +124,6 @@ func (b *breaker) open(from BreakerState) {
 	b.openedAt.Store(time.Now().UnixNano())
 	if b.state.CompareAndSwap(int32(from), int32(BreakerOpen)) {
 		b.failures.Store(0)
-		b.changed(from, BreakerOpen)
+		b.onChange(from, BreakerOpen)
 	}
 }
-
-func (b *breaker) changed(from, to BreakerState) { b.onChange(from, to) }

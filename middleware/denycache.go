@@ -13,17 +13,14 @@ import (
 // denyCache remembers, per store key, the store's last denial: until the
 // time the store gave for the denied cost to succeed, a request of that
 // cost or more under the same limit is refused locally. That is sound
-// because a bucket only gains tokens with time: until then the store would
-// refuse it too (requests by other servers only take tokens away).
-//
-// Times are instants of the process's monotonic clock (see now), read when
-// the store's reply arrived, after the store decided: an entry can only err
+// because a bucket only gains tokens with time (other servers only take
+// them away). Times are read on the process's monotonic clock when the
+// store's reply arrived, after the store decided: an entry can only err
 // late, never early.
 //
-// The cache is sharded by key, each shard under its own lock, and bounded:
-// entries that can refuse nothing more are dropped when read and when a
-// full shard needs room, and a full shard with no such entry among a
-// sample drops the entry that expires first. It starts no goroutine.
+// It is sharded, so that no process-wide lock is on the request path, and
+// bounded: a full shard drops, among a sample, the entries that can refuse
+// nothing more, or else the one that expires first. It starts no goroutine.
 type denyCache struct {
 	shards   []denyShard
 	mask     uint64
@@ -32,10 +29,10 @@ type denyCache struct {
 	now      func() time.Duration // the clock; replaced in tests
 }
 
-// A denyID names a store key: two 64-bit hashes of it, each with a seed of
-// its own (one in 2^128 for two keys to share an entry, and no caller can
-// aim at it). The cache keeps no key, so its memory is bounded by its
-// entries whatever their keys' length.
+// A denyID names a store key by two 64-bit hashes of it, each with a seed
+// of its own (a 2^-128 chance for two keys to share an entry, and no caller
+// can aim at it): the cache keeps no key, so its memory does not grow with
+// their length.
 type denyID [2]uint64
 
 type denyShard struct {
@@ -46,18 +43,15 @@ type denyShard struct {
 }
 
 // denyEntry is one denial: a request under limit of cost at least cost is
-// refused until retryAt. The bucket was full again at resetAt.
-//
-// From retryAt on, the first request that reads the entry is the probe
-// (probing is set) and asks the store; until the probe's answer, or until
-// until, other requests are still refused, since the tokens that came back
-// at retryAt are the probe's: the next cost tokens come window later.
+// refused until retryAt. From then, the first request that reads it is the
+// probe and asks the store; until the probe's answer (or until retryAt +
+// window), the others are still refused, since the tokens that came back
+// are the probe's: the next cost tokens come window later.
 type denyEntry struct {
 	limit   store.Limit
 	cost    int
 	retryAt time.Duration
-	resetAt time.Duration
-	until   time.Duration // retryAt + window: the entry refuses nothing after it
+	resetAt time.Duration // when the bucket is full again
 	window  time.Duration // time for cost tokens
 	gen     uint64        // changes whenever the entry is recorded again
 	probing bool
@@ -80,9 +74,10 @@ const (
 	denySamples      = 8 // entries looked at to make room in a full shard
 )
 
-// processStart anchors the monotonic clock of deny-cache entries.
 var processStart = time.Now()
 
+// monotonicNow returns the time since the process started, on the
+// monotonic clock.
 func monotonicNow() time.Duration { return time.Since(processStart) }
 
 func newDenyCache(maxKeys int) *denyCache {
@@ -103,56 +98,40 @@ func newDenyCache(maxKeys int) *denyCache {
 	return d
 }
 
-// shard returns key's shard and the first half of its id.
-func (d *denyCache) shard(key []byte) (*denyShard, uint64) {
+// lookup returns key's shard and id.
+func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 	h := maphash.Bytes(d.seeds[0], key)
-	return &d.shards[h&d.mask], h
+	return &d.shards[h&d.mask], denyID{h, maphash.Bytes(d.seeds[1], key)}
 }
 
-func (d *denyCache) id(h uint64, key []byte) denyID {
-	return denyID{h, maphash.Bytes(d.seeds[1], key)}
-}
-
-// check looks key up for a request of cost under lim. On denyHit, res is
-// the refusal; on denyProbe, gen identifies the entry for probed.
-// It does not allocate.
+// check looks key up for a request of cost under lim, without allocating.
+// On denyHit, res is the refusal; on denyProbe, gen identifies the entry
+// for probed.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
-	sh, h := d.shard(key)
+	sh, k := d.lookup(key)
 	if sh.n.Load() == 0 {
-		return denyMiss, res, 0 // the usual case when nobody is refused: no lock, no clock
+		return denyMiss, res, 0 // nobody refused: no lock, no clock
 	}
-	k := d.id(h, key)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	e := sh.m[k]
 	if e == nil {
-		sh.mu.Unlock()
 		return denyMiss, res, 0
 	}
-	now := d.now()
-	switch {
-	case now >= e.until:
+	switch now := d.now(); {
+	case now >= e.retryAt+e.window:
 		delete(sh.m, k)
 		sh.n.Add(-1)
-		sh.mu.Unlock()
-		return denyMiss, res, 0
-	case e.limit != lim || cost < e.cost:
-		// A smaller cost may pass; another limit is another bucket.
-		sh.mu.Unlock()
-		return denyMiss, res, 0
+	case e.limit != lim || cost < e.cost: // another bucket, or a cost that may pass
 	case now < e.retryAt:
-		res = e.refusal(now, cost, e.retryAt, e.resetAt)
+		return denyHit, e.refusal(now, cost, e.retryAt, e.resetAt), 0
 	case !e.probing:
 		e.probing = true
-		gen = e.gen
-		sh.mu.Unlock()
-		return denyProbe, res, gen
-	default:
-		// The probe is out and has presumably taken the tokens that came back
-		// at retryAt: refuse as the store would after it.
-		res = e.refusal(now, cost, e.until, e.resetAt+e.window)
+		return denyProbe, res, e.gen
+	default: // the probe presumably took the tokens that came back: refuse as the store would after it
+		return denyHit, e.refusal(now, cost, e.retryAt+e.window, e.resetAt+e.window), 0
 	}
-	sh.mu.Unlock()
-	return denyHit, res, 0
+	return denyMiss, res, 0
 }
 
 // refusal is the Result of a request of cost refused at now by e, whose
@@ -167,8 +146,7 @@ func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.D
 		Limit:      e.limit,
 		RetryAfter: retryAt - now,
 		ResetAfter: resetAfter,
-		// The whole tokens now, which the refusal says are fewer than the
-		// entry's cost (and so than the request's).
+		// The whole tokens now, fewer than the entry's cost.
 		Remaining: min(tokensAt(e.limit, resetAfter), e.cost-1),
 	}
 }
@@ -218,9 +196,7 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 		return // nothing to refuse locally
 	}
 	now := d.now()
-	window := tokenTime(lim, cost, false)
-	sh, h := d.shard(key)
-	k := d.id(h, key)
+	sh, k := d.lookup(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[k]
@@ -229,33 +205,26 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 			d.makeRoom(sh, now)
 		}
 		e = new(denyEntry)
-		sh.m[k] = e // one allocation, for the entry
+		sh.m[k] = e
 		sh.n.Add(1)
 	}
-	*e = denyEntry{
-		limit:   lim,
-		cost:    cost,
-		retryAt: now + res.RetryAfter,
-		resetAt: now + res.ResetAfter,
-		until:   now + res.RetryAfter + window,
-		window:  window,
-		gen:     e.gen + 1,
-	}
+	*e = denyEntry{limit: lim, cost: cost, retryAt: now + res.RetryAfter, resetAt: now + res.ResetAfter,
+		window: tokenTime(lim, cost, false), gen: e.gen + 1}
 }
 
-// probed reports that the probe of the entry gen of key was not denied:
-// allowed, or the store failed. The entry is dropped unless it has been
+// probed reports that the probe of the entry gen of key was not denied
+// (allowed, or the store failed): the entry goes, unless it has been
 // recorded again since.
-func (d *denyCache) probed(key []byte, gen uint64) { d.drop(key, gen, false) }
+func (d *denyCache) probed(key []byte, gen uint64) { d.drop(key, &gen) }
 
 // forget drops the entry of key, if any.
-func (d *denyCache) forget(key []byte) { d.drop(key, 0, true) }
+func (d *denyCache) forget(key []byte) { d.drop(key, nil) }
 
-func (d *denyCache) drop(key []byte, gen uint64, anyGen bool) {
-	sh, h := d.shard(key)
-	k := d.id(h, key)
+// drop drops the entry of key if it is of generation *gen, or if gen is nil.
+func (d *denyCache) drop(key []byte, gen *uint64) {
+	sh, k := d.lookup(key)
 	sh.mu.Lock()
-	if e := sh.m[k]; e != nil && (anyGen || e.gen == gen) {
+	if e := sh.m[k]; e != nil && (gen == nil || e.gen == *gen) {
 		delete(sh.m, k)
 		sh.n.Add(-1)
 	}
@@ -268,19 +237,19 @@ func (d *denyCache) drop(key []byte, gen uint64, anyGen bool) {
 func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	var victim denyID
 	var victimUntil time.Duration
-	freed, seen, found := 0, 0, false
+	freed, seen := 0, 0
 	for k, e := range sh.m { // map iteration starts at a random entry
-		if now >= e.until {
+		if until := e.retryAt + e.window; now >= until {
 			delete(sh.m, k)
 			freed++
-		} else if !found || e.until < victimUntil {
-			victim, victimUntil, found = k, e.until, true
+		} else if seen == 0 || until < victimUntil {
+			victim, victimUntil = k, until
 		}
 		if seen++; seen >= denySamples {
 			break
 		}
 	}
-	if freed == 0 && found {
+	if freed == 0 {
 		delete(sh.m, victim)
 		freed++
 	}

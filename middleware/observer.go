@@ -17,52 +17,36 @@ import (
 type EventKind uint8
 
 const (
-	// EventAllowed: the request passed; its tokens were taken.
+	// EventAllowed reports a request that passed; its tokens were taken.
 	EventAllowed EventKind = iota + 1
-	// EventDenied: the request was refused with 429 (or, in dry-run mode,
-	// would have been).
+	// EventDenied reports a refusal (429), or in dry-run mode one that would have been.
 	EventDenied
-	// EventError: the request could not be decided normally: a key
-	// function error, a cost out of range, or a store error or timeout.
+	// EventError reports a key error, a cost out of range, or a store error or timeout.
 	EventError
-	// EventFallback: the store failed and the failure policy decided
-	// instead (served under FailOpen, refused under FailClosed, decided
-	// on the local store under FailLocal). Reported after the EventError
-	// of the same request.
+	// EventFallback follows a store's EventError: the failure policy decided.
 	EventFallback
-	// EventBreaker: the circuit breaker changed state.
+	// EventBreaker reports a change of the circuit breaker's state.
 	EventBreaker
-	// EventSkipped: an allow-list or skip rule let the request through
-	// without asking the store.
+	// EventSkipped reports a request that a skip rule or the allow-list let through.
 	EventSkipped
-	// EventAbandoned: the client went away while the request waited for
-	// its tokens (WithDelay); they were given back.
+	// EventAbandoned reports a client that left while it waited for its
+	// tokens (WithDelay); they were given back.
 	EventAbandoned
 )
 
+var eventKinds = [...]string{"unknown", "allowed", "denied", "error", "fallback", "breaker", "skipped", "abandoned"}
+
+// String returns the kind's name, such as "allowed", or "unknown".
 func (k EventKind) String() string {
-	switch k {
-	case EventAllowed:
-		return "allowed"
-	case EventDenied:
-		return "denied"
-	case EventError:
-		return "error"
-	case EventFallback:
-		return "fallback"
-	case EventBreaker:
-		return "breaker"
-	case EventSkipped:
-		return "skipped"
-	case EventAbandoned:
-		return "abandoned"
+	if int(k) < len(eventKinds) {
+		return eventKinds[k]
 	}
 	return "unknown"
 }
 
-// Event is one observation of a limiter. It never carries the raw key: a
-// client's address, API key or user id would make an unbounded label set
-// and leak into logs and metrics. KeyClass says what kind of key it was.
+// Event is one observation of a limiter. It never carries the raw key, which
+// would make an unbounded label set and leak into logs: KeyClass says what
+// kind of key it was.
 type Event struct {
 	Kind    EventKind
 	Limiter string // the limiter's name (a policy of a tier: "api/pro")
@@ -70,13 +54,9 @@ type Event struct {
 	// during Observe.
 	Request *http.Request
 	// Key is the subject the key function returned ("" before it ran):
-	// unbounded, even client-chosen text, so never a metric label.
-	Key string
-	// KeyClass is the namespace of the request's key, as the key functions
-	// of package keyfuncs write it ("ip", "user", "key", "route", joined
-	// with "+" for a combination, such as "user+route"), or "other".
-	// It takes few values, so it is safe as a metric label.
-	KeyClass string
+	// client-chosen text, never a metric label.
+	Key      string
+	KeyClass string        // KeyClass(Key), or "none" without a Key: a safe metric label
 	Cost     int           // tokens asked for
 	Latency  time.Duration // time spent deciding (the store call, or zero)
 	Result   store.Result  // the decision (Allowed, Remaining, …); zero for errors
@@ -85,14 +65,12 @@ type Event struct {
 	DryRun   bool          // the limiter is in dry-run mode
 	Policy   FailurePolicy // for EventFallback: the policy that decided
 	Err      error         // for EventError (and EventFallback): what failed
-	// From and To are the breaker's states, for EventBreaker.
-	From, To BreakerState
+	From, To BreakerState  // for EventBreaker
 }
 
-// Observer receives a limiter's events. Observe is called synchronously on
-// the request's goroutine (or, for EventBreaker, the goroutine that moved
-// the breaker), from many goroutines at once: it must be safe for
-// concurrent use and quick — hand slow work to another goroutine.
+// Observer receives a limiter's events, synchronously on the request's
+// goroutine (for EventBreaker, the one that moved the breaker) and from many
+// at once: Observe must be safe for concurrent use and quick.
 type Observer interface {
 	Observe(Event)
 }
@@ -107,61 +85,42 @@ func (f ObserverFunc) Observe(e Event) { f(e) }
 // namespace prefixes ("ip:1.2.3.4" → "ip", "user:42|route:GET /x" →
 // "user+route", the parts split as [keyfuncs.Join] escapes them, repeats
 // dropped); a key without a known namespace, or with more than three kinds
-// of part, is "other". The result takes few distinct values (at most 85)
-// whatever the keys, so a client cannot multiply metric series.
+// of part, is "other". It takes few distinct values (at most 85) whatever
+// the keys, so a client cannot multiply metric series.
 func KeyClass(key string) string {
 	var parts [3]string
 	n := 0
 	for key != "" {
-		// The next part ends at a '|' that Join did not escape.
-		end := len(key)
-		for i := 0; i < len(key); i++ {
-			if key[i] == '\\' {
+		end := len(key) // the part ends at a '|' that Join did not escape
+		for i := 0; i < len(key) && end == len(key); i++ {
+			switch key[i] {
+			case '\\':
 				i++
-				continue
-			}
-			if key[i] == '|' {
+			case '|':
 				end = i
-				break
 			}
 		}
-		part := key[:end]
+		ns, _, ok := strings.Cut(key[:end], ":")
 		key = key[min(end+1, len(key)):]
-		ns, _, ok := strings.Cut(part, ":")
-		if ok {
-			ns, ok = knownClass(ns)
-		}
-		if !ok {
+		c := slices.Index(keyClasses, ns)
+		switch {
+		case !ok || c < 0:
 			return "other"
+		case slices.Contains(parts[:n], ns): // a repeated namespace adds nothing
+		case n == len(parts):
+			return "other"
+		default:
+			parts[n] = keyClasses[c] // a constant: a label keeps no piece of a key alive
+			n++
 		}
-		if slices.Contains(parts[:n], ns) {
-			continue // a repeated namespace adds nothing
-		}
-		if n == len(parts) {
-			return "other" // at most three kinds: the set of classes stays small
-		}
-		parts[n] = ns
-		n++
 	}
-	switch n {
-	case 0:
+	if n == 0 {
 		return "other"
-	case 1:
-		return parts[0]
 	}
 	return strings.Join(parts[:n], "+")
 }
 
-// knownClass returns ns as a constant string (not a piece of a request's
-// key, which a metric label would keep alive) when it is a known class.
-func knownClass(ns string) (string, bool) {
-	for _, c := range [...]string{"ip", "user", "key", "route", "tier"} {
-		if ns == c {
-			return c, true
-		}
-	}
-	return "", false
-}
+var keyClasses = []string{"ip", "user", "key", "route", "tier"}
 
 // ErrorKind classifies an event's error without its text, which may quote
 // the key: "timeout", "canceled", "breaker_open", "no_key", "cost",
@@ -189,7 +148,7 @@ func ErrorKind(err error) string {
 }
 
 // scriptRefused reports whether err says Redis will not run the script at
-// all, whatever the load: a configuration to fix, not a passing failure.
+// all: a configuration to fix, not a passing failure.
 func scriptRefused(err error) bool {
 	if err == nil {
 		return false
@@ -199,59 +158,50 @@ func scriptRefused(err error) bool {
 		strings.Contains(msg, "unknown command")
 }
 
-// SlogObserver returns an [Observer] that logs events to l: denials,
-// errors, fallbacks and breaker changes at level Warn (errors, fallbacks,
-// an open breaker) or Info; allowed and skipped requests at Debug, so they
-// cost nothing unless the handler enables Debug.
+// SlogObserver returns an [Observer] that logs events to l (nil:
+// [slog.Default]): errors, fallbacks and an open breaker at level Warn,
+// denials and other breaker changes at Info, allowed and skipped requests at
+// Debug, so that they cost nothing unless the handler enables Debug.
 func SlogObserver(l *slog.Logger) Observer {
 	if l == nil {
 		l = slog.Default()
 	}
 	return ObserverFunc(func(e Event) {
 		level := slog.LevelInfo
-		switch e.Kind {
-		case EventAllowed, EventSkipped:
+		switch {
+		case e.Kind == EventAllowed || e.Kind == EventSkipped:
 			level = slog.LevelDebug
-		case EventError, EventFallback:
+		case e.Kind == EventError || e.Kind == EventFallback || e.Kind == EventBreaker && e.To == BreakerOpen:
 			level = slog.LevelWarn
-		case EventBreaker:
-			if e.To == BreakerOpen {
-				level = slog.LevelWarn
-			}
 		}
 		ctx := context.Background()
 		if !l.Enabled(ctx, level) {
 			return
 		}
-		attrs := []slog.Attr{
-			slog.String("limiter", e.Limiter),
-			slog.String("event", e.Kind.String()),
-		}
-		switch e.Kind {
-		case EventBreaker:
+		attrs := []slog.Attr{slog.String("limiter", e.Limiter), slog.String("event", e.Kind.String())}
+		if e.Kind == EventBreaker {
 			attrs = append(attrs, slog.String("from", e.From.String()), slog.String("to", e.To.String()))
-		default:
-			attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost),
-				slog.Duration("latency", e.Latency))
-			if e.Kind == EventAllowed || e.Kind == EventDenied {
-				attrs = append(attrs, slog.Int("remaining", e.Result.Remaining))
-			}
-			if e.Kind == EventDenied {
-				attrs = append(attrs, slog.Duration("retry_after", e.Result.RetryAfter))
-			}
-			if e.Local {
-				attrs = append(attrs, slog.Bool("local", true))
-			}
-			if e.DryRun {
-				attrs = append(attrs, slog.Bool("dry_run", true))
-			}
-			if e.Kind == EventFallback {
-				attrs = append(attrs, slog.String("policy", e.Policy.String()))
-			}
-			if e.Err != nil {
-				// The kind only: an error's text may quote the key.
-				attrs = append(attrs, slog.String("error", ErrorKind(e.Err)))
-			}
+			l.LogAttrs(ctx, level, "tollgate breaker", attrs...)
+			return
+		}
+		attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost), slog.Duration("latency", e.Latency))
+		if e.Kind == EventAllowed || e.Kind == EventDenied {
+			attrs = append(attrs, slog.Int("remaining", e.Result.Remaining))
+		}
+		if e.Kind == EventDenied {
+			attrs = append(attrs, slog.Duration("retry_after", e.Result.RetryAfter))
+		}
+		if e.Local {
+			attrs = append(attrs, slog.Bool("local", true))
+		}
+		if e.DryRun {
+			attrs = append(attrs, slog.Bool("dry_run", true))
+		}
+		if e.Kind == EventFallback {
+			attrs = append(attrs, slog.String("policy", e.Policy.String()))
+		}
+		if e.Err != nil { // the kind only: an error's text may quote the key
+			attrs = append(attrs, slog.String("error", ErrorKind(e.Err)))
 		}
 		l.LogAttrs(ctx, level, "tollgate "+e.Kind.String(), attrs...)
 	})
