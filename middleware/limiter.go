@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/bits"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -303,19 +302,12 @@ func NextToken(res store.Result) time.Duration {
 	if missing <= 0 || res.ResetAfter <= 0 || lim.Rate <= 0 {
 		return 0
 	}
-	// ResetAfter covers `missing` tokens: the last missing-1 of them take
-	// (missing-1)*Period/Rate; the next token arrives in what is left.
-	// 128-bit product: Period*(missing-1) may not fit in 64 bits.
-	hi, lo := bits.Mul64(uint64(lim.Period), uint64(missing-1))
-	if hi >= uint64(lim.Rate) {
-		return res.ResetAfter
+	// ResetAfter covers the missing tokens: the last missing-1 of them take
+	// their time, and the next arrives in what is left.
+	if t := tokenTime(lim, missing-1, false); t >= 0 && t < res.ResetAfter {
+		return res.ResetAfter - t
 	}
-	rest, _ := bits.Div64(hi, lo, uint64(lim.Rate))
-	next := res.ResetAfter - time.Duration(rest)
-	if next <= 0 || rest > uint64(res.ResetAfter) {
-		return 0
-	}
-	return next
+	return 0
 }
 
 // deniedBody is the default body of a refusal, shared by every response:

@@ -128,15 +128,13 @@ func failIf(bad bool, format string, args ...any) error {
 	return fmt.Errorf(format, args...)
 }
 
-// WithName sets the limiter's name, which namespaces its buckets in the
-// store ("<name>:<subject>") and names its policy in the RateLimit headers.
-// Limiters of one name on one store share their buckets: the replicas of a
-// program, or route groups given one budget. The default, such as
-// "100-per-1m@9c1d02e7", is [DefaultName] of the limit and a hash of where
-// [New] was called and of how many limiters that place made before: no two
-// limiters of a process share buckets, and replicas share theirs while they
-// run the same code (a moved call starts new buckets; WithName keeps them).
-// The name is non-empty printable ASCII without '{', '}' or ':'.
+// WithName sets the limiter's name: its buckets are "<name>:<subject>", and
+// its policy in the RateLimit headers is name. Limiters of one name on one
+// store share their buckets (replicas, route groups under one budget). The
+// default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
+// where [New] was called and how many limiters that place made before: no
+// two limiters of a process share buckets, and replicas share theirs while
+// they run the same code. The name is printable ASCII without '{', '}', ':'.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
@@ -192,12 +190,11 @@ func WithFailurePolicy(p FailurePolicy) Option {
 
 // WithBreaker configures the circuit breaker in front of the store (default
 // [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0 disables
-// it). After failures consecutive errors or timeouts it opens: the failure
-// policy decides at once, so a dead Redis costs no waiting per request.
-// After cooldown one decision probes the store, and its success closes the
-// breaker; a probe that fails, panics, is abandoned or takes longer than a
-// cooldown is a failure, so the breaker always probes again. Transitions go
-// to the [Observer], or without one to [slog.Default].
+// it): after failures consecutive errors or timeouts the failure policy
+// decides at once, until a probe after cooldown succeeds (see
+// [BreakerState]). A probe that fails, panics, is abandoned or outlasts a
+// cooldown is a failure: the breaker always probes again. Transitions go to
+// the [Observer], or without one to [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
@@ -206,29 +203,26 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 }
 
 // WithDelay lets a request that would be refused wait up to max for its
-// tokens (default 0: refuse at once), as nginx's limit_req with a burst: the
-// tokens are taken ahead in the same store call and the request is served
-// when they are due, so waiting requests are spaced at the rate. A client
-// that leaves while it waits gets its tokens back. A waiting request holds
-// its goroutine: at most max × Rate / Period per key. A store failure never
-// makes a request wait; in dry-run mode the wait is reported (Event.Delay),
-// not applied. The store must be a [store.Delayer] and a [store.Refunder].
+// tokens (default 0: refuse at once), as nginx's limit_req with a burst:
+// they are taken ahead in the same store call and the request is served
+// when they are due, spaced at the rate. A client that leaves gets its
+// tokens back; a waiter holds its goroutine (at most max × Rate / Period per
+// key). A store failure never makes a request wait; dry-run mode reports the
+// wait (Event.Delay). The store must be a [store.Delayer] and a
+// [store.Refunder].
 func WithDelay(max time.Duration) Option {
 	return option(failIf(max < 0, "WithDelay(%v): the wait must not be negative", max), func(c *config) { c.delay = max })
 }
 
 // WithDenyCache makes the limiter remember the store's denials of up to
-// maxKeys keys (default 0: off), so that a flood from one client is refused
-// mostly without asking the store. A key the store denied at cost c is
-// refused locally, for cost c or more under the same limit, until the
-// store's Retry-After: sound, because tokens only return with time; then one
-// request probes the store. The cache runs on this process's clock, read
-// when the store's answer arrives, so a local refusal can outlast the
-// store's by a round trip, never end earlier. An entry keeps a hash of its
-// key, about 150 bytes. It is off by default because a bucket reset in the
-// store stays refused here until the recorded time (see [Limiter.Forget]).
-// Local refusals count in [Stats].DenyCacheHits. Dry-run mode does not use
-// it.
+// maxKeys keys (default 0: off; about 150 bytes each), so that a flood from
+// one client is refused without asking the store: a key denied at cost c is
+// refused locally, at cost c or more under the same limit, until the
+// store's Retry-After (sound: tokens only return with time), and then one
+// request probes the store. A local refusal can outlast the store's by a
+// round trip, never end earlier. It is off by default because a bucket
+// reset in the store stays refused here (see [Limiter.Forget]). Its
+// refusals count in [Stats].DenyCacheHits; dry-run mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
@@ -250,8 +244,8 @@ func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err err
 }
 
 // WithSkip sets a predicate evaluated before anything else (default: none):
-// requests for which it returns true pass unlimited and without rate-limit
-// headers, such as health checks.
+// requests for which it returns true pass unlimited, without rate-limit
+// headers, reported as EventSkipped, such as health checks.
 func WithSkip(fn func(r *http.Request) bool) Option {
 	return option(failIf(fn == nil, "WithSkip: nil func"), func(c *config) { c.skip = fn })
 }
@@ -267,7 +261,9 @@ func WithDryRun(on bool) Option {
 // WithHeaders selects the rate-limit headers written on every decided
 // response (default [headers.Default]: the draft-11 RateLimit and
 // RateLimit-Policy fields and the draft-03 RateLimit-Limit/-Remaining/-Reset
-// trio). 0 writes none; Retry-After is written on refusals regardless.
+// trio). 0 writes none; Retry-After is written on refusals regardless. The
+// values are shared by responses: code after the limiter must replace a
+// field, as [http.Header.Set] does, never write into its slice.
 func WithHeaders(p headers.Profile) Option {
 	err := p.Validate()
 	return option(failIf(err != nil, "WithHeaders: %w", err), func(c *config) { c.profile = p })
@@ -289,11 +285,10 @@ func WithObserver(o Observer) Option {
 }
 
 // WithRefund gives a request's tokens back after its response when
-// rule(r, status) is true (status 200 if the handler wrote none); by default
-// nothing is given back. Refund 5xx, or charge every login and refund the
-// successful ones so that 5 failures lock a client out. Tokens come back up
-// to capacity, in one more store call under the timeout; a failed refund is
-// reported (EventError) and the tokens stay taken. The store must be a
+// rule(r, status) is true (status 200 if the handler wrote none; default:
+// never), such as for 5xx, or for successful logins so that 5 failures
+// lock a client out. It costs one more store call under the timeout; a
+// failed refund is reported (EventError). The store must be a
 // [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return option(failIf(rule == nil, "WithRefund: nil rule"), func(c *config) { c.refund = rule })
@@ -312,19 +307,16 @@ type Penalty struct {
 
 // WithPenalty puts a key in a penalty box (default: none): once Strikes of
 // its requests within about Within were refused (429) or, with Failed,
-// failed, its buckets refuse every request that costs tokens for Block, on
-// top of their debt, then refill at the rate. On a [Multi] the key is the
-// first policy's subject: policies of other subjects (a global limit) are
-// neither blocked nor a source of strikes. The block is the buckets' own
-// state ([store.Admin].Block), so every server's one store call sees it, the
-// 429's Retry-After is the time left, and the FailLocal share of the server
-// that lands it is blocked too. With WithDelay the block is the wait
-// longer, so nothing is queued into it. Nothing during a block is a strike,
-// and a request that ends in one gets no refund; with refunds or Failed a
-// request that ends reads its bucket first, one more store call. Strikes
-// cost one store call each; a store failure loses the strike, and requests
-// the failure policy decided or dry-run mode count none. The store must be
-// a [store.Admin].
+// failed, its buckets refuse every request that costs tokens for Block
+// (plus the WithDelay wait), then refill at the rate. On a [Multi] the key
+// is the first policy's subject; policies of other subjects are neither
+// blocked nor strikes. The block is the buckets' own state
+// ([store.Admin].Block): every server sees it, the 429's Retry-After is the
+// time left, and this server's FailLocal share is blocked too. A block
+// counts no strikes, and a request that ends in one gets no refund (with
+// refunds or Failed, one more store call reads the bucket). A strike is a
+// store call; a failed one is lost, and the failure policy's decisions and
+// dry-run mode count none. The store must be a [store.Admin].
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
@@ -337,14 +329,12 @@ func (p *Penalty) strikes() store.Limit {
 	return store.Limit{Rate: p.Strikes, Period: p.Within, Burst: p.Strikes}
 }
 
-// WithAllowList lets requests through unlimited, without headers and
-// reported as skipped (default: none), when the client's address is in an
-// entry's network ("10.0.0.0/8", "2001:db8::1") or the subject equals an
-// entry that is a key ("user:admin"). The address is the one
-// [keyfuncs.ClientIPMiddleware] resolved, else the one the key function
-// resolved through trusted proxies (ClientIP and ClientIPFromContext record
-// it, also inside [keyfuncs.Join]), else the TCP peer: behind a load
-// balancer, key by ClientIP or run ClientIPMiddleware, or entries match the
+// WithAllowList lets requests through as [WithSkip] does (default: none)
+// when the client's address is in an entry's network ("10.0.0.0/8",
+// "2001:db8::1") or the subject is an entry that is a key ("user:admin").
+// The address is the one [keyfuncs.ClientIPMiddleware] resolved, else the
+// one the key function resolved through trusted proxies ([keyfuncs.ClientIP]
+// records it), else the TCP peer, which behind a load balancer is the
 // balancer.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
