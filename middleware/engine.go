@@ -481,17 +481,13 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	if refused && c.penalty != nil && !q.failed && !q.late && q.refusedOwn() && !slices.ContainsFunc(q.res, l.inBlock) {
 		l.strike(r, q) // first: a block it lands is what the events and headers report
 	}
-	var delay time.Duration
+	kind, delay := EventDenied, time.Duration(0)
 	if allowed {
-		delay = q.delay()
+		kind, delay = EventAllowed, q.delay()
 	}
 	violated := 0
 	for i := range pols {
 		if c.observer != nil {
-			kind := EventAllowed
-			if !allowed {
-				kind = EventDenied
-			}
 			l.observe(r, pols[i].event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
 				Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
 		}

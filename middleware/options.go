@@ -363,14 +363,13 @@ func WithAllowList(entries ...string) Option {
 // or says it is none (a key), or a malformed one.
 func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 	addr, bits, isPrefix := strings.Cut(e, "/")
-	a, aerr := netip.ParseAddr(addr)
-	if aerr != nil {
-		if strings.Trim(e, "0123456789abcdefABCDEF.:/%[] ") == "" {
-			return p, false, fmt.Errorf("not an IP address or prefix: %w", aerr)
-		}
+	a, err := netip.ParseAddr(addr)
+	switch {
+	case err != nil && strings.Trim(e, "0123456789abcdefABCDEF.:/%[] ") == "":
+		return p, false, fmt.Errorf("not an IP address or prefix: %w", err)
+	case err != nil:
 		return p, false, nil // a key
-	}
-	if !isPrefix {
+	case !isPrefix:
 		a = a.Unmap().WithZone("")
 		return netip.PrefixFrom(a, a.BitLen()), true, nil
 	}
