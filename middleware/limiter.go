@@ -129,17 +129,14 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
-		// No sweeper goroutine, so nothing to close: full buckets are
-		// dropped as they are read, when room is needed and by takeLocal's
-		// sweeps. Past localMaxKeys (about 8 MB) the local limit forgets the
-		// buckets nearest to full, which only the fallback feels.
+		// No sweeper goroutine, so nothing to close (see takeLocal). Past
+		// localMaxKeys (about 8 MB) the local limit forgets the buckets
+		// nearest to full, which only the fallback feels.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	return l, nil
 }
 
-// localMaxKeys bounds the buckets of FailLocal's in-process store, which
-// drops its full ones every localSweep.
 const localMaxKeys = 100_000
 
 var localSweep = store.DefaultSweepInterval // a variable for tests
@@ -193,12 +190,10 @@ func DefaultName(limit store.Limit) string {
 	return name
 }
 
-// sites counts the limiters made at each place in the code, so that two
-// made at one place (a loop, a helper) get different default names too.
-var sites = struct {
-	sync.Mutex
-	made map[string]int
-}{made: map[string]int{}}
+// sites counts the limiters made at each place in the code (*atomic.Int64
+// by place), so that two made at one place (a loop, a helper) get different
+// default names too.
+var sites sync.Map
 
 // site names the caller of New outside this package, and how many limiters
 // it made before, in 8 hex digits of their FNV-1a hash: the same in every
@@ -219,12 +214,9 @@ func site() string {
 			break
 		}
 	}
-	sites.Lock()
-	n := sites.made[at]
-	sites.made[at] = n + 1
-	sites.Unlock()
+	made, _ := sites.LoadOrStore(at, new(atomic.Int64))
 	h := fnv.New32a()
-	h.Write([]byte(at + "#" + strconv.Itoa(n)))
+	h.Write([]byte(at + "#" + strconv.FormatInt(made.(*atomic.Int64).Add(1)-1, 10)))
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
