@@ -108,10 +108,12 @@ func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 // On denyHit, res is the refusal; on denyProbe, gen identifies the entry
 // for probed.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
-	sh, k := d.lookup(key)
+	h := maphash.Bytes(d.seeds[0], key)
+	sh := &d.shards[h&d.mask]
 	if sh.n.Load() == 0 {
-		return denyMiss, res, 0 // nobody refused: no lock, no clock
+		return denyMiss, res, 0 // nobody refused: no lock, no clock, no second hash
 	}
+	k := denyID{h, maphash.Bytes(d.seeds[1], key)}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[k]
