@@ -29,6 +29,12 @@ type penaltyStore struct {
 	real    bool // the real clock: advance sleeps
 }
 
+// patient lifts the decision budget for the penalty tests: they check what
+// the stores decide, and on a loaded machine a call to miniredis or Redis
+// under the race detector can outlast the default 100 ms, and the request
+// be decided by the failure policy instead.
+var patient = middleware.WithTimeout(time.Minute)
+
 func penaltyStores(t *testing.T, f func(t *testing.T, ps penaltyStore)) {
 	t.Run("memory", func(t *testing.T) {
 		now := time.Unix(1_700_000_000, 0)
@@ -62,7 +68,7 @@ func TestPenaltyBlocksFailedLogins(t *testing.T) {
 	penaltyStores(t, func(t *testing.T, ps penaltyStore) {
 		lim := store.Limit{Rate: 5, Period: time.Minute, Burst: 5}
 		const block = 15 * time.Minute
-		l := mustNew(t, ps.s, lim, middleware.WithName("login"), quiet,
+		l := mustNew(t, ps.s, lim, middleware.WithName("login"), quiet, patient,
 			middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-User"))),
 			middleware.WithRefund(func(r *http.Request, status int) bool { return status < 400 }),
 			middleware.WithPenalty(middleware.Penalty{Strikes: 5, Within: time.Minute, Block: block,
@@ -212,7 +218,7 @@ func TestPenaltyMulti(t *testing.T) {
 		perUser := store.Limit{Rate: 1, Period: time.Minute, Burst: 1}
 		perHour := store.Limit{Rate: 100, Period: time.Hour, Burst: 100}
 		l, err := middleware.NewMulti(ps.s, []middleware.Policy{{Name: "minute", Limit: perUser}, {Name: "hour", Limit: perHour}},
-			middleware.WithName("multi"), quiet,
+			middleware.WithName("multi"), quiet, patient,
 			middleware.WithPenalty(middleware.Penalty{Strikes: 2, Within: time.Minute, Block: 5 * time.Minute}))
 		if err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
 	"github.com/tollgate-go/tollgate/store"
@@ -21,13 +22,25 @@ func newMiniredisHandler(t *testing.T) (http.Handler, *miniredis.Miniredis) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	mr.SetTime(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
-	rdb := newRedisClient(mr.Addr())
+	// The go-redis default timeouts and no decision budget: on a loaded
+	// test machine the production timeouts (50ms, 100ms) could expire
+	// while miniredis answers, and a request be decided by the failure
+	// policy. ContextTimeoutEnabled as the store requires; patientStore's
+	// contexts have no deadline.
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
-	h, err := newHandler(store.NewRedis(rdb))
+	h, err := newHandler(patientStore{store.NewRedis(rdb)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return h, mr
+}
+
+// patientStore waits for the store whatever the caller's deadline.
+type patientStore struct{ store.Store }
+
+func (p patientStore) Take(ctx context.Context, key string, limit store.Limit, cost int) (store.Result, error) {
+	return p.Store.Take(context.WithoutCancel(ctx), key, limit, cost)
 }
 
 // send serves one request from the client at ip.
