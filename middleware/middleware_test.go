@@ -784,6 +784,12 @@ func on(kind middleware.EventKind, fn func(middleware.Event)) middleware.Option 
 // its breaker's transitions.
 var quiet = middleware.WithObserver(middleware.ObserverFunc(func(middleware.Event) {}))
 
+// patient lifts the decision budget, for tests that check what a real
+// store decides: on a loaded machine a call to miniredis or Redis under the
+// race detector can outlast the default 100 ms, and the request be decided
+// by the failure policy instead.
+var patient = middleware.WithTimeout(time.Minute)
+
 // StoreKey names the bucket a request of the subject is decided on, for a
 // Limiter (a brace in the subject included) and a Multi's first policy.
 func TestStoreKey(t *testing.T) {

@@ -58,7 +58,7 @@ func TestMultiDeniedConsumesNothing(t *testing.T) {
 		m, err := middleware.NewMulti(s, []middleware.Policy{
 			{Name: "per-user", Limit: perUser},
 			{Name: "global", Limit: global, Key: mustKey(keyfuncs.Static("all"))},
-		}, middleware.WithKeyFunc(userKey))
+		}, middleware.WithKeyFunc(userKey), patient)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +199,7 @@ func TestRefundFailedLogins(t *testing.T) {
 			w.WriteHeader(http.StatusUnauthorized)
 		})
 		failed := func(r *http.Request, status int) bool { return status < 400 } // refund successes
-		l := mustNew(t, s, store.PerMinute(5), middleware.WithName("login"), middleware.WithKeyFunc(userKey),
+		l := mustNew(t, s, store.PerMinute(5), middleware.WithName("login"), middleware.WithKeyFunc(userKey), patient,
 			middleware.WithRefund(failed))
 		h := l.Handler(login)
 		failures, refusedAt := 0, 0
@@ -249,7 +249,7 @@ func TestTiers(t *testing.T) {
 				"pro":  {{Name: "per-minute", Limit: store.PerMinute(100)}},
 			},
 			Default: "free",
-		}, middleware.WithKeyFunc(userKey))
+		}, middleware.WithKeyFunc(userKey), patient)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,12 +29,6 @@ type penaltyStore struct {
 	real    bool // the real clock: advance sleeps
 }
 
-// patient lifts the decision budget for the penalty tests: they check what
-// the stores decide, and on a loaded machine a call to miniredis or Redis
-// under the race detector can outlast the default 100 ms, and the request
-// be decided by the failure policy instead.
-var patient = middleware.WithTimeout(time.Minute)
-
 func penaltyStores(t *testing.T, f func(t *testing.T, ps penaltyStore)) {
 	t.Run("memory", func(t *testing.T) {
 		now := time.Unix(1_700_000_000, 0)
@@ -379,7 +373,7 @@ func TestPenaltyLeavesGlobalPolicies(t *testing.T) {
 		l, err := middleware.NewMulti(s, []middleware.Policy{
 			{Name: "user", Limit: store.Limit{Rate: 1, Period: time.Minute, Burst: 1}},
 			{Name: "all", Limit: store.Limit{Rate: 3, Period: time.Hour, Burst: 3}, Key: mustKey(keyfuncs.Static("all"))},
-		}, middleware.WithName("global"), quiet, middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-User"))),
+		}, middleware.WithName("global"), quiet, patient, middleware.WithKeyFunc(mustKey(keyfuncs.Header("X-User"))),
 			middleware.WithPenalty(middleware.Penalty{Strikes: 2, Within: time.Minute, Block: 10 * time.Minute}))
 		if err != nil {
 			t.Fatal(err)

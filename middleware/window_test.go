@@ -44,7 +44,7 @@ func TestWindowQuotaThroughMiddleware(t *testing.T) {
 		m, err := middleware.NewMulti(s, []middleware.Policy{
 			{Name: "rate", Limit: store.Limit{Rate: 1, Period: time.Hour, Burst: 7}},
 			{Name: "daily", Limit: daily},
-		}, middleware.WithKeyFunc(userKey))
+		}, middleware.WithKeyFunc(userKey), patient)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +79,7 @@ func TestWindowQuotaThroughMiddleware(t *testing.T) {
 		m2, err := middleware.NewMulti(s, []middleware.Policy{
 			{Name: "tight", Limit: store.Limit{Rate: 1, Period: time.Hour, Burst: 2}},
 			{Name: "daily", Limit: daily},
-		}, middleware.WithKeyFunc(userKey))
+		}, middleware.WithKeyFunc(userKey), patient)
 		if err != nil {
 			t.Fatal(err)
 		}
