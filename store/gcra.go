@@ -9,29 +9,27 @@ import (
 )
 
 // Memory runs here the arithmetic of the lua package doc (TAT, debt D, units of
-// 1/q µs, a token t units, cap = Burst*t): c tokens fit iff D + c*t <= cap, and
-// then TAT becomes max(TAT, now) + c*t; only a refund lowers a TAT.
+// 1/q µs, a token t units, cap = Burst*t).
 
-// maxProduct bounds Burst*Rate and cap, so that the arithmetic stays exact
-// in int64 and in the doubles of Redis's Lua (exact to 2^53).
+// maxProduct bounds Burst*Rate and cap: exact in int64 and in Lua's doubles.
 const maxProduct = 1 << 50
 
-// params is a valid Limit in the arithmetic's units, script arguments boxed
-// once. A Take fits if the debt stays within fit: cap, or more for a Take
-// that may wait (delayed).
+// params is a valid Limit in those units, script arguments boxed once. A
+// Take fits if the debt stays within fit: cap, or more for one that may wait.
 type params struct {
 	l              Limit
 	q, t, cap, fit int64
 	fitUs          int64  // fit/q+1: a debt of more whole µs exceeds fit
 	block          int64  // > 0: the units a Block adds, whatever the cost
-	args           [2]any // fit and q, for the script
-	k1             any    // t: the script's k for a cost of 1
-	// A window quota's (see window.go): Period in µs, calendar (nil: from
-	// the epoch), and the name of its kind, which keys its state.
+	args           [2]any // fit and q
+	k1             any    // t: the k of a cost of 1
+	// A window quota's (window.go): Period in µs, calendar (nil: from the
+	// epoch), the name of its kind, which keys its state, and the window
+	// bounds of one Redis call.
 	period int64
 	loc    *time.Location
 	spec   string
-	b      [4]int64 // the window bounds of one Redis call
+	b      [4]int64
 }
 
 func newParams(l Limit) (*params, error) {
@@ -42,10 +40,8 @@ func newParams(l Limit) (*params, error) {
 		return nil, l.invalid("Rate must be at least 1, got %d", l.Rate)
 	case l.Burst < 1:
 		return nil, l.invalid("Burst must be at least 1, got %d", l.Burst)
-	case l.Period < time.Microsecond:
-		return nil, l.invalid("Period must be at least 1µs, got %s", l.Period)
-	case l.Period%time.Microsecond != 0:
-		return nil, l.invalid("Period must be a whole number of microseconds, got %s", l.Period)
+	case l.Period < time.Microsecond || l.Period%time.Microsecond != 0:
+		return nil, l.invalid("Period must be a positive whole number of microseconds, got %s", l.Period)
 	}
 	rate, period, burst := int64(l.Rate), l.Period.Microseconds(), int64(l.Burst)
 	g, b := rate, period // g = gcd(rate, period)
@@ -64,23 +60,28 @@ func newParams(l Limit) (*params, error) {
 	return &params{l: l, q: q, t: t, cap: c, fit: c, fitUs: c/q + 1, args: [2]any{c, q}, k1: t}, nil
 }
 
-// delayed returns p for a Take that may fill the bucket up to maxDelay
-// beyond its capacity, its Result.Delay the time until it is within.
-func (p *params) delayed(maxDelay time.Duration) (params, error) {
-	d := *p
-	if maxDelay == 0 {
-		return d, nil // the boxed arguments as they are: a boxed integer allocates
+// extend returns p for a Take that may fill the bucket up to d beyond its
+// capacity (Result.Delay: until it is within), or for a Block adding cap + d
+// units to the debt whatever the cost.
+func (p *params) extend(d time.Duration, block bool) (params, error) {
+	x := *p
+	if d == 0 && !block {
+		return x, nil // the boxed arguments as they are: boxing an integer allocates
 	}
-	if maxDelay < 0 || p.spec != "" {
-		return d, p.l.invalid("MaxDelay %s: it must not be negative, and is for token buckets", maxDelay)
+	hi, lo := bits.Mul64(uint64(max(d, 0)/time.Microsecond), uint64(p.q))
+	if d < 0 || block && d == 0 || hi != 0 || lo > maxProduct-uint64(p.fit) || p.spec != "" {
+		what := "MaxDelay"
+		if block {
+			what = "Block"
+		}
+		return x, p.l.invalid("%s %s: it must be positive (a MaxDelay may be 0), within 2^50 units with the bucket, and the limit a token bucket", what, d)
 	}
-	hi, lo := bits.Mul64(uint64(maxDelay/time.Microsecond), uint64(p.q))
-	if hi != 0 || lo > maxProduct-uint64(p.fit) {
-		return d, p.l.invalid("MaxDelay %s: the bucket and its queue must not exceed 2^50 units", maxDelay)
+	x.fit += int64(lo)
+	if block {
+		x.block, x.fit = x.fit, maxProduct
 	}
-	d.fit += int64(lo)
-	d.fitUs, d.args[0] = d.fit/d.q+1, d.fit
-	return d, nil
+	x.fitUs, x.args[0] = x.fit/x.q+1, x.fit
+	return x, nil
 }
 
 // tat is a bucket's state, TAT = u + f/q µs; the zero value (q 0) is full.
@@ -96,19 +97,6 @@ func (p *params) debt(s tat, now int64) (du, df int64) {
 		return 0, 0
 	}
 	return u - now, f
-}
-
-// blocking returns p for a Block of d: cap + d units added to the debt, in a
-// bucket that holds up to 2^50.
-func (p *params) blocking(d time.Duration) (params, error) {
-	b := *p
-	hi, lo := bits.Mul64(uint64(max(d, 0)/time.Microsecond), uint64(p.q))
-	if d <= 0 || hi != 0 || lo > maxProduct-uint64(p.cap) || p.spec != "" {
-		return b, p.l.invalid("Block %s: the duration must be positive, the bucket with it within 2^50 units, and the limit a token bucket", d)
-	}
-	b.block, b.fit = p.cap+int64(lo), maxProduct
-	b.fitUs, b.args[0] = b.fit/b.q+1, b.fit
-	return b, nil
 }
 
 // ErrBlockTooLong is wrapped by the error of a Block that the bucket cannot
@@ -137,8 +125,8 @@ func (p *params) after(du, df, k int64) (int64, int64) {
 	return du, df
 }
 
-// fill puts in res the Result of debt (du, df) after a decision of k units; if
-// denied, RetryAfter is when k fits (0 if now: a TakeAll another bucket
+// fill puts in res the Result of debt (du, df) after a decision of k units;
+// denied, RetryAfter is when k fits (0: now, another bucket of a TakeAll
 // denied). In place: copying a Result through two calls cost Memory's Take a
 // third of a decision on one hot key (130-150 ns against 90-100, go test
 // -bench PartsTake).
@@ -177,18 +165,21 @@ type limitCache struct {
 	next  atomic.Uint32
 }
 
-// units returns limit's params and n tokens' units (< 0: refunded), or an error.
+// units returns limit's params and n tokens' units (refund: negative).
 func (c *limitCache) units(key string, limit Limit, n int, refund bool) (*params, int64, error) {
 	p, err := c.get(limit)
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, 0, err
-	case (n < 0 || n > limit.Burst) && refund:
-		return nil, 0, fmt.Errorf("store: refund %q: %w: %d tokens is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, n, limit.Burst, limit)
-	case n < 0 || n > limit.Burst:
-		return nil, 0, fmt.Errorf("store: take %q: %w: cost %d is outside [0, %d] (Burst of %v)", key, ErrInvalidCost, n, limit.Burst, limit)
-	case refund:
-		return p, -int64(n) * p.t, nil
+	}
+	if n < 0 || n > limit.Burst {
+		op := "take"
+		if refund {
+			op = "refund"
+		}
+		return nil, 0, fmt.Errorf("store: %s %q: %w: %d tokens is outside [0, %d] (Burst of %v)", op, key, ErrInvalidCost, n, limit.Burst, limit)
+	}
+	if refund {
+		n = -n
 	}
 	return p, int64(n) * p.t, nil
 }

@@ -44,21 +44,17 @@ func (l Limit) Validate() error { _, err := newParams(l); return err }
 // ValidateDelay reports whether a [Delayer] can take l's tokens up to
 // maxDelay ahead: maxDelay at least 0, and the bucket with its queue within
 // the 2^50 units of Validate. The error wraps [ErrInvalidLimit].
-func (l Limit) ValidateDelay(maxDelay time.Duration) error {
-	p, err := newParams(l)
-	if err == nil {
-		_, err = p.delayed(maxDelay)
-	}
-	return err
-}
+func (l Limit) ValidateDelay(maxDelay time.Duration) error { return l.validate(maxDelay, false) }
 
 // ValidateBlock reports whether an [Admin] can block l's bucket for d: d
 // positive, and the bucket with it within 2^50 units. The error wraps
 // [ErrInvalidLimit].
-func (l Limit) ValidateBlock(d time.Duration) error {
+func (l Limit) ValidateBlock(d time.Duration) error { return l.validate(d, true) }
+
+func (l Limit) validate(d time.Duration, block bool) error {
 	p, err := newParams(l)
 	if err == nil {
-		_, err = p.blocking(d)
+		_, err = p.extend(d, block)
 	}
 	return err
 }

@@ -172,7 +172,7 @@ func (m *Memory) take(res *Result, key string, k id, limit Limit, n int, maxDela
 	p, u, err := m.limits.units(key, limit, n, refund)
 	if err == nil && maxDelay != 0 {
 		var d params
-		if d, err = p.delayed(maxDelay); err == nil {
+		if d, err = p.extend(maxDelay, false); err == nil {
 			p = &d
 		}
 	}
@@ -214,18 +214,19 @@ func (m *Memory) windowID(k id, p *params) id {
 
 // Block implements [Admin].
 func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Duration) error {
-	p, _, err := m.limits.units(key, limit, 0, false)
+	p, err := m.limits.get(limit)
 	var b params
 	if err == nil {
-		b, err = p.blocking(d)
+		b, err = p.extend(d, true)
 	}
-	if err == nil {
-		var res Result
-		if m.decide(&res, m.id(key), &b, b.block); !res.Allowed {
-			err = errBlockFull(key)
-		}
+	if err != nil {
+		return err
 	}
-	return err
+	var res Result
+	if m.decide(&res, m.id(key), &b, b.block); !res.Allowed {
+		return errBlockFull(key)
+	}
+	return nil
 }
 
 // decide adds k units to key's bucket or window quota (k < 0: gives back)
@@ -321,9 +322,12 @@ func (m *Memory) decideAll(out []Result, ops []op) {
 			}
 		}
 		if o.p.spec != "" {
-			o.v = m.view(o.p, o.w, clock)
-			_, _, fits, _ := o.p.decideWindow(o.w, o.v, o.k)
-			all = all && fits
+			wall := clock
+			if m.clock == nil {
+				wall += m.start.UnixMicro() // the wall clock, run by the monotonic one
+			}
+			o.v = o.p.view(o.w, o.p.bounds(wall), wall)
+			all = all && o.p.fitsWindow(o.v, o.k)
 		} else {
 			all = all && o.p.fits(o.du, o.df, o.k)
 		}
@@ -334,7 +338,7 @@ func (m *Memory) decideAll(out []Result, ops []op) {
 		switch {
 		case o.p.spec != "" && all:
 			var changed bool
-			if o.v, o.w, _, changed = o.p.decideWindow(o.w, o.v, o.k); changed && o.bk != nil {
+			if o.v, o.w, changed = o.p.applyWindow(o.w, o.v, o.k); changed && o.bk != nil {
 				m.writeWindow(sh, o, clock, &held)
 			}
 		case all && o.k != 0:
@@ -381,14 +385,6 @@ func (m *Memory) insert(sh *shard, bk *bucket, now int64, held *[shards]bool) {
 	sh.buckets[bk.id] = bk
 	sh.last.Store(bk) // the next Take of this key takes the hinted path
 	sh.lastID.Store(bk.id.a)
-}
-
-// view reads window state w of p at the monotonic instant now.
-func (m *Memory) view(p *params, w win, now int64) winView {
-	if m.clock == nil {
-		now += m.start.UnixMicro() // the wall clock, run by the monotonic one
-	}
-	return p.view(w, p.bounds(now), now)
 }
 
 // writeWindow makes o.w, after o.v, the state of o's window quota (o.bk

@@ -50,7 +50,7 @@ func checkRequests(reqs []Request, lc *limitCache) ([]params, error) {
 	for i, q := range reqs {
 		p, _, err := lc.units(q.Key, q.Limit, q.Cost, false)
 		if err == nil {
-			ps[i], err = p.delayed(q.MaxDelay)
+			ps[i], err = p.extend(q.MaxDelay, false)
 		}
 		if err != nil {
 			return nil, err

@@ -173,7 +173,7 @@ func (r *Redis) Check(ctx context.Context) error {
 // Take implements [Store]. A Redis error, or ctx ending first, is returned
 // wrapped; the decision is then the caller's (its failure policy).
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
-	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1)
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1, false)
 }
 
 // Reset implements [Admin], in one DEL (the keys share key's hash tag).
@@ -200,43 +200,35 @@ func (r *Redis) Reset(ctx context.Context, key string, quotas ...Limit) error {
 
 // Block implements [Admin], in one script call like a Take's.
 func (r *Redis) Block(ctx context.Context, key string, limit Limit, d time.Duration) error {
-	p, _, err := r.limits.units(key, limit, 0, false)
-	var ps [1]params
-	if err == nil {
-		ps[0], err = p.blocking(d)
-	}
-	if err == nil {
-		var debts [4]int64
-		var blocked bool
-		if blocked, err = r.group(ctx, []Request{{Key: key, Limit: limit}}, ps[:], []int{0}, 1, debts[:]); err == nil && !blocked {
-			err = errBlockFull(key)
-		}
+	res, err := r.one(ctx, Request{Key: key, Limit: limit, MaxDelay: d}, 1, true)
+	if err == nil && !res.Allowed {
+		err = errBlockFull(key)
 	}
 	return err
 }
 
 // TakeDelayed implements [Delayer].
 func (r *Redis) TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error) {
-	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost, MaxDelay: maxDelay}, 1)
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost, MaxDelay: maxDelay}, 1, false)
 }
 
 // Refund implements [Refunder] with the same script and a negative cost.
 func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error) {
-	return r.one(ctx, Request{Key: key, Limit: limit, Cost: tokens}, -1)
+	return r.one(ctx, Request{Key: key, Limit: limit, Cost: tokens}, -1, false)
 }
 
-// one decides q alone, a Take (sign 1) or a Refund (sign -1).
-func (r *Redis) one(ctx context.Context, q Request, sign int64) (Result, error) {
+// one decides q alone: a Take (sign 1), a Refund (-1), or a Block of q.MaxDelay.
+func (r *Redis) one(ctx context.Context, q Request, sign int64, block bool) (Result, error) {
 	p, k, err := r.limits.units(q.Key, q.Limit, q.Cost, sign < 0)
 	var ps [1]params
 	if err == nil {
-		ps[0], err = p.delayed(q.MaxDelay)
-	}
-	if err != nil {
-		return Result{}, err
+		ps[0], err = p.extend(q.MaxDelay, block)
 	}
 	var debts [4]int64
-	allowed, err := r.group(ctx, []Request{q}, ps[:], []int{0}, sign, debts[:])
+	allowed := false
+	if err == nil {
+		allowed, err = r.group(ctx, []Request{q}, ps[:], []int{0}, sign, debts[:])
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -253,8 +245,8 @@ func (p *params) replies() int {
 	return 2
 }
 
-// fillFrom puts in res the Result of the reply debts (a debt, or a window's
-// view) after a decision of k, less the undo given back since.
+// fillFrom puts in res the Result of a reply (a debt, or a window's view)
+// after a decision of k, less the undo given back since.
 func (p *params) fillFrom(res *Result, debts []int64, k, undo int64, allowed bool) {
 	if p.spec == "" {
 		du, df := p.after(debts[0], debts[1], -undo)
@@ -276,9 +268,13 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 		return nil, err
 	}
 	out, debts := make([]Result, len(reqs)), make([]int64, 4*len(reqs))
-	k := func(i int) int64 { return int64(reqs[i].Cost) * ps[i].t }
-	// groups: reqs' indexes by hash tag (one without), in order of appearance.
-	var tags [][8]byte
+	fill := func(g []int, undo int64, allowed bool) { // undo 1: less what was given back
+		for _, i := range g {
+			k := int64(reqs[i].Cost) * ps[i].t
+			ps[i].fillFrom(&out[i], debts[4*i:], k, undo*k, allowed)
+		}
+	}
+	var tags [][8]byte // groups: reqs' indexes by hash tag, in order of appearance
 	var groups [][]int
 	for i, q := range reqs {
 		var t [8]byte
@@ -293,30 +289,23 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	}
 	for gi, g := range groups {
 		allowed, err := r.group(ctx, reqs, ps, g, 1, debts)
-		if err != nil {
+		if err != nil || !allowed {
 			r.giveBack(ctx, reqs, ps, debts, groups[:gi])
+		}
+		if err != nil {
 			return nil, err
 		}
-		for _, i := range g {
-			ps[i].fillFrom(&out[i], debts[4*i:], k(i), 0, allowed)
-		}
+		fill(g, 0, allowed)
 		if allowed {
 			continue
 		}
-		// Denied: give back what earlier groups took, read the rest. The denial stands.
-		r.giveBack(ctx, reqs, ps, debts, groups[:gi])
 		for _, g := range groups[:gi] {
-			for _, i := range g {
-				ps[i].fillFrom(&out[i], debts[4*i:], k(i), k(i), false)
-			}
+			fill(g, 1, false)
 		}
-		for _, g := range groups[gi+1:] {
-			if ctx.Err() != nil {
-				break
-			}
-			if _, err := r.group(ctx, reqs, ps, g, 0, debts); err == nil {
-				for _, i := range g {
-					ps[i].fillFrom(&out[i], debts[4*i:], k(i), 0, false)
+		for _, g := range groups[gi+1:] { // read while ctx lasts
+			if ctx.Err() == nil {
+				if _, err := r.group(ctx, reqs, ps, g, 0, debts); err == nil {
+					fill(g, 0, false)
 				}
 			}
 		}
@@ -362,24 +351,22 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 			c.args = append(c.args, b[0], b[1], b[2], b[3])
 		}
 	}
-	if abandoned, err := r.exec(ctx, c); err != nil {
-		if !abandoned {
-			c.release()
-		}
+	abandoned, err := r.exec(ctx, c)
+	if abandoned { // a worker still holds c
 		return false, err
 	}
 	j := 0
 	for _, i := range g {
 		j += copy(debts[4*i:4*i+ps[i].replies()], c.debts[j:])
 	}
-	allowed := c.allowed
+	allowed := c.allowed && err == nil
 	c.release()
-	return allowed, nil
+	return allowed, err
 }
 
-// giveBack refunds what the groups taken took (debts: their replies), on
-// another goroutine, each call within 100 ms (even after ctx ends), waiting
-// while ctx lasts. A window quota's count goes back only in its take's window.
+// giveBack refunds what the groups taken took (debts: their replies), each
+// call within 100 ms even after ctx ends, waiting while ctx lasts. A window
+// quota's count goes back only in its take's window.
 func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts []int64, taken [][]int) {
 	if len(taken) == 0 {
 		return
@@ -412,7 +399,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts
 	}
 }
 
-// exec runs c through its node's batcher, or alone; abandoned is as for do.
+// exec runs c through its node's batcher, or alone; abandoned as for do.
 func (r *Redis) exec(ctx context.Context, c *call) (abandoned bool, err error) {
 	if r.pipelines == 0 {
 		return false, r.run(ctx, c)
@@ -432,8 +419,7 @@ func (r *Redis) exec(ctx context.Context, c *call) (abandoned bool, err error) {
 	return b.do(ctx, c)
 }
 
-// run sends c alone (EVALSHA, then EVAL on NOSCRIPT) and reads its reply; a
-// client hook that panics gives an error, as on a batching worker.
+// run sends c alone and reads its reply; a client hook's panic is an error.
 func (r *Redis) run(ctx context.Context, c *call) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -472,7 +458,7 @@ func (r *Redis) read(ctx context.Context, c *call, cmd *redis.Cmd) error {
 	return nil
 }
 
-// parse reads c's group of a script reply, v: allowed (1 or 0), then c's debts.
+// parse reads c's part of a script reply: allowed (1 or 0), then c's debts.
 func (c *call) parse(v []any) bool {
 	ok := len(v) == 1+len(c.debts) && (v[0] == int64(1) || v[0] == int64(0))
 	for i := 0; ok && i < len(c.debts); i++ {
@@ -483,8 +469,8 @@ func (c *call) parse(v []any) bool {
 	return ok
 }
 
-// isNoScript reports whether err says Redis lacks the script (which proxies
-// and managed services may reword or prefix).
+// isNoScript reports whether err says Redis lacks the script, as proxies and
+// managed services may reword it.
 func isNoScript(err error) bool {
 	var rerr redis.Error // a Redis reply: EVAL would not help a network error
 	msg := strings.ToLower(err.Error())
@@ -510,8 +496,8 @@ type call struct {
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// newCall returns a call for n keys and as many reply integers, the first
-// named key, args up to its keys.
+// newCall returns a call for n keys, the first named key, and replies
+// integers, its args up to its keys.
 func newCall(ctx context.Context, key string, n, replies int) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.key, c.args, c.debts = ctx, key, c.argsBuf[:0], c.debtsBuf[:0]

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"strconv"
 	"sync"
 	"time"
@@ -8,15 +9,14 @@ import (
 
 // Window makes a [Limit] a quota counted in windows instead of a token
 // bucket: Rate per window, Burst equal to Rate. It is [Fixed], [Sliding] or
-// [Monthly], or one of them In a Location; a Limit's Window is nil for a
-// token bucket. A count is kept per key and window kind (Period and
-// Location): a bucket and quotas on one key never share state. Both stores
-// decide it on their clock (Redis: TIME, picking among windows the app
-// computes around its own clock, so the two must agree within a window),
-// denials consume nothing, and a key's state lives until its count no longer
-// matters. One pointer, so that a Limit stays four words: a fifth cost a
-// fifth of a Memory decision on one hot key (go test -bench
-// 'Decide/memory/tollgate/hot/g1$' in bench/, benchstat of 10 runs).
+// [Monthly], or one of them In a Location; nil is a token bucket. A count is
+// kept per key and window kind (Period and Location): a bucket and quotas on
+// one key never share state. Both stores decide it on their clock (Redis:
+// TIME, picking among windows computed around the app's clock, so the two
+// must agree within a window), denials consume nothing, and a key's state
+// lives until its count no longer matters. A pointer keeps a Limit four words:
+// a fifth cost a fifth of a Memory decision on one hot key (benchstat of 10
+// runs of 'Decide/memory/tollgate/hot/g1$' in bench/).
 type Window struct {
 	kind uint8 // fixed, sliding or monthly; 0: not a window (an error)
 	loc  *time.Location
@@ -117,15 +117,15 @@ func windowParams(l Limit) (*params, error) {
 		return nil, l.invalid("Rate*Period in µs must not exceed 2^50")
 	}
 	p := &params{l: l, q: 1, t: 1, cap: n, fit: n, fitUs: n + 1, args: [2]any{n, int64(0)}, k1: int64(1), period: us, loc: w.loc}
-	p.spec = "f" + strconv.FormatInt(us, 10)
-	switch {
-	case w.kind == sliding:
-		p.spec, p.args[1] = "s"+strconv.FormatInt(us, 10), int64(-1)
-	case w.kind == monthly:
-		p.spec = "m"
-	}
-	if w.kind == monthly && p.loc == nil {
-		p.loc = time.UTC
+	p.spec = "fsm"[w.kind-1 : w.kind]
+	switch w.kind {
+	case sliding:
+		p.args[1] = int64(-1)
+		fallthrough
+	case fixed:
+		p.spec += strconv.FormatInt(us, 10)
+	case monthly:
+		p.loc = cmp.Or(p.loc, time.UTC)
 	}
 	if p.loc != nil { // its name and offsets: "Local" or an unnamed FixedZone is not one zone
 		p.spec += "@" + strconv.Quote(p.loc.String())
@@ -191,17 +191,18 @@ func midnight(y int, mo time.Month, d int, loc *time.Location) int64 {
 type win struct{ start, prev, cur int64 }
 
 // A winView is a window quota at an instant: now within [s, e) (real: the
-// clock's reading), mid if that is b's middle window, and counts.
+// clock's reading), mid if that is b's middle window, and counts; far: counts
+// of a window past b's.
 type winView struct {
 	now, real, s, e, prev, cur int64
-	mid, far                   bool // far: counts of a window past b's
+	mid, far                   bool
 }
 
 // view picks among b the window holding now (the first or last if none
 // does, now moved into it) and reads w's counts in it. A state of a later
 // window (a clock gone back) is decided in that window, at its start, if b
-// holds it; else it is far: its counts stand, and nothing is taken or given
-// back. A stale clock may deny, never give back.
+// holds it; else it is far: nothing is taken or given back. A stale clock
+// may deny, never give back.
 func (p *params) view(w win, b [4]int64, now int64) winView {
 	v := pick(b, now)
 	for i := 1; i < 3 && w.start > v.s; i++ { // from a later window: decided there, at its start
@@ -228,8 +229,8 @@ func pick(b [4]int64, now int64) winView {
 	return v
 }
 
-// count is v's count: the current window's, plus, for a sliding window, the
-// previous one's share within a Period of now, rounded down (exact: Rate*Period <= 2^50).
+// count is v's count: the current window's, plus a sliding window's share
+// of the previous one, rounded down (exact: Rate*Period <= 2^50).
 func (p *params) count(v winView) int64 {
 	if p.l.Window.kind != sliding || v.prev == 0 {
 		return v.cur
@@ -237,27 +238,30 @@ func (p *params) count(v winView) int64 {
 	return v.cur + v.prev*(v.e-v.now)/(v.e-v.s)
 }
 
-// decideWindow adds k counts to v if they fit, and returns v and the state
-// to write after it (changed false: none). A k < 0 gives back, not below 0,
-// only in b's middle window, which the caller makes the window of the take.
-func (p *params) decideWindow(w win, v winView, k int64) (after winView, next win, allowed, changed bool) {
-	if k > 0 && (v.far || p.count(v)+k > p.cap) { // far: its window and expiry unknown here, so refused
-		return v, w, false, false
-	}
+// fitsWindow reports whether k counts fit in v; far ones never do: their
+// window and expiry are unknown here.
+func (p *params) fitsWindow(v winView, k int64) bool {
+	return k <= 0 || !v.far && p.count(v)+k <= p.cap
+}
+
+// applyWindow adds k fitting counts to v, and returns v and the state after
+// it (changed false: none to write). A k < 0 gives back, not below 0, only in
+// b's middle window, which the caller makes the window of the take.
+func (p *params) applyWindow(w win, v winView, k int64) (after winView, next win, changed bool) {
 	cur := v.cur
 	if k > 0 || v.mid && !v.far {
 		cur = max(v.cur+k, 0)
 	}
 	changed = cur != v.cur
-	if v.cur = cur; p.l.Window.kind != sliding {
+	v.cur = cur
+	if p.l.Window.kind != sliding {
 		v.prev = 0
 	}
-	return v, win{max(w.start, v.s), v.prev, v.cur}, true, changed
+	return v, win{max(w.start, v.s), v.prev, v.cur}, changed
 }
 
 // ttl is how long a window's state matters after v, from the clock's
-// reading: to the end of its window, a sliding one's a Period more, as the
-// next one's previous.
+// reading: to its window's end, a sliding one's a Period more.
 func (p *params) ttl(v winView) int64 {
 	if p.l.Window.kind == sliding {
 		return max(v.e-v.real+(v.e-v.s), 1)
@@ -271,7 +275,7 @@ func (p *params) ttl(v winView) int64 {
 func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	n, left, length, elapsed := p.cap, v.e-v.now, v.e-v.s, v.now-v.s
 	*res = Result{Limit: p.l, Allowed: allowed, Remaining: int(max(n-p.count(v), 0))}
-	fits := k <= 0 || !v.far && p.count(v)+k <= n
+	fits := p.fitsWindow(v, k)
 	switch {
 	case p.l.Window.kind != sliding:
 		if v.cur > 0 {
