@@ -18,12 +18,12 @@ import (
 const maxBatch = 128
 
 // A batcher sends one Redis node's (or a Ring's) calls in pipelines, by a
-// worker that exits once none are queued; the calls of one hash tag share a
-// script call. At 64 goroutines on one node, 2.0-2.9 times the decisions/s of
-// a call per Take (3 passes of go test -bench Decide/redis/tollgate in bench/).
+// worker that exits once none are queued; a hash tag's calls share a script
+// call. At 64 goroutines on one node, 2.0-2.9 times the decisions/s of a call
+// per Take (3 passes of go test -bench Decide/redis/tollgate in bench/).
 type batcher struct {
 	r      *Redis
-	client redis.UniversalClient // the node's client (or the Ring)
+	client redis.UniversalClient
 	mu     sync.Mutex
 	queue  []*call
 	active int // pipelines in flight, direct calls included
@@ -106,9 +106,8 @@ func (b *batcher) work() {
 	}
 }
 
-// send runs batch in one pipeline and answers every call, in order (batch[:n]
-// are answered; a tag's calls are made adjacent). On a client hook's panic or
-// Goexit, the rest get an error.
+// send runs batch in one pipeline and answers every call, batch[:n] first; a
+// client hook's panic or Goexit answers the rest with an error.
 func (b *batcher) send(batch []*call) {
 	n := 0
 	defer func() {
@@ -133,9 +132,8 @@ func (b *batcher) send(batch []*call) {
 	}
 	ctx, cancel := batchContext(batch[n:])
 	defer cancel()
-	// One script call per hash tag (on a single node, one for all): Redis
-	// spends half the CPU per decision at 64 goroutines (make bench-peers,
-	// capacity). A tag's calls are made adjacent, to be answered in order.
+	// One script call per hash tag (one in all on a single node): Redis spends
+	// half the CPU per decision at 64 goroutines (make bench-peers, capacity).
 	live := batch[n:]
 	if b.r.tagged {
 		slices.SortStableFunc(live, func(x, y *call) int { return bytes.Compare(x.tag[:], y.tag[:]) })
@@ -197,8 +195,8 @@ func (b *batcher) send(batch []*call) {
 	}
 }
 
-// merge returns the arguments of one script call for calls, each a group of
-// its own: a call's own, or all their keys, then all their groups.
+// merge returns the arguments of one script call for calls, a group each:
+// all their keys, then all their groups.
 func merge(calls []*call) []any {
 	if len(calls) == 1 {
 		return calls[0].args
@@ -215,7 +213,7 @@ func merge(calls []*call) []any {
 }
 
 // batchContext returns a pipeline's context: its first call's values (for
-// client hooks), no cancellation, and the calls' latest deadline, if all have one.
+// client hooks), and the calls' latest deadline if all have one.
 func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	first := context.WithoutCancel(calls[0].ctx)
 	var last time.Time

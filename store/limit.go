@@ -16,9 +16,9 @@ var ErrInvalidLimit = errors.New("invalid limit")
 var ErrInvalidCost = errors.New("invalid cost")
 
 // Limit is a token-bucket policy: a bucket of capacity Burst, refilled
-// continuously with Rate tokens per Period; or, with a Window, a quota of
-// Rate per window (see [Window]). A Limit is a plain value passed on every
-// call, so one store serves every route and tier.
+// continuously with Rate tokens per Period; or, with a [Window], a quota of
+// Rate per window. It is a plain value passed on every call, so one store
+// serves every route and tier.
 type Limit struct {
 	Rate   int           // tokens added per Period, at least 1
 	Period time.Duration // at least 1µs, a whole number of microseconds
@@ -60,9 +60,9 @@ func (l Limit) validate(d time.Duration, block bool) error {
 }
 
 // Admin is what an operator needs of a store beyond Take, whose cost of 0
-// reads a bucket (see [Inspect]); both of tollgate's stores implement it.
-// The middleware uses it for a penalty box (middleware.WithPenalty); an admin
-// handler of the app's, behind the app's own authentication, for the rest.
+// reads a bucket (see [Inspect]). The middleware uses it for a penalty box
+// (middleware.WithPenalty); an app's admin handler, behind its own
+// authentication, for the rest.
 type Admin interface {
 	// Reset forgets the bucket named key, under every token-bucket limit:
 	// it is full; and key's count under each window quota of quotas (a

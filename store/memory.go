@@ -17,23 +17,21 @@ const DefaultMaxKeys = 1_000_000
 // DefaultSweepInterval is how often a [Memory] store drops full buckets by default.
 const DefaultSweepInterval = 10 * time.Second
 
-// shards is how many maps, each behind its own lock, hold a Memory's buckets.
 const shards = 64
 
 // Memory is a [Store] that keeps buckets in this process, on its monotonic
 // clock, with the semantics of [Redis]: for one server, tests, and degraded
-// mode when Redis is unreachable. Buckets live, only while not full, in 64 maps
-// behind read-write locks, each bucket with a mutex held for a few integer
-// operations per decision. Past MaxKeys, a new key drops a full bucket or
-// forgets the one nearest to full ([Memory.Evicted]), which can only loosen
-// that key's limit. Memory is safe for concurrent use; its zero value is not
-// usable: call [NewMemory], and [Memory.Close] to stop the sweeper.
+// mode when Redis is unreachable. Buckets live, only while not full, in 64
+// maps behind read-write locks, each bucket with its own mutex. Past MaxKeys,
+// a new key drops a full bucket or forgets the one nearest to full
+// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe
+// for concurrent use; call [NewMemory], and [Memory.Close] to stop the sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
 	limits        limitCache
 	maxKeys       int64
-	live, evicted atomic.Int64     // live: buckets in all shards
+	live, evicted atomic.Int64
 	clock         func() time.Time // nil: the monotonic clock
 	start         time.Time
 	sweep         time.Duration
@@ -42,41 +40,39 @@ type Memory struct {
 	closeOnce     sync.Once
 }
 
-// A shard is one map of buckets. Buckets come and go under its write lock; a
+// A shard is one map of buckets, which come and go under its write lock; a
 // new one starts at dropped or later, so a stale clock refills none. last and
-// lastID (half its id) hint at the bucket found last, so that one hot key (a
-// global limit, a flooding client) is found without the read lock, whose
-// counter two cores would bounce; the bucket's lock confirms it. 1.6x the
-// decisions on one hot key at 16 and 64 goroutines (go test -bench
-// 'Decide/memory/tollgate' in bench/).
+// lastID (half its id) hint at the bucket found last, so that a hot key is
+// found without the read lock, whose counter cores would bounce; the
+// bucket's lock confirms it. 1.6x the decisions on one hot key at 16 and 64
+// goroutines (go test -bench 'Decide/memory/tollgate' in bench/).
 type shard struct {
 	mu      sync.RWMutex
 	buckets map[id]*bucket
-	dropped int64 // the last instant a bucket was dropped at
+	dropped int64 // the last instant a bucket was dropped
 	last    atomic.Pointer[bucket]
 	lastID  atomic.Uint64
 	_       [8]byte // keep shards on separate cache lines
 }
 
 // An id names a key's bucket: two seeded 64-bit hashes of the key (a collision
-// is one in 2^128, and no caller can aim at one). Keeping no key bytes saves a
-// cache miss: 1.2-1.3x the decisions over 100,000 keys. Two fields, not an
-// array, go in registers: 10 % faster on one hot key (benchstat of
-// Decide/memory/tollgate in bench/).
+// is one in 2^128, and no caller can aim at one). No key bytes saves a cache
+// miss: 1.2-1.3x the decisions over 100,000 keys; two fields, not an array,
+// go in registers: 10 % faster on one hot key (Decide/memory/tollgate in bench/).
 type id struct{ a, b uint64 }
 
 func (m *Memory) id(key string) id {
 	return id{maphash.String(m.seeds[0], key), maphash.String(m.seeds[1], key)}
 }
 
-// A bucket is one key's state, dead once dropped from its shard. A window
-// quota's has w, and s only says when it expires.
+// A bucket is one key's state, dead once dropped. A window quota's has w, and
+// s only says when it expires.
 type bucket struct {
 	mu   sync.Mutex
 	s    tat
 	dead bool
-	id   id   // read under mu: a hint may point to another bucket
-	w    *win // a window quota's state
+	id   id // read under mu: a hint may point to another bucket
+	w    *win
 }
 
 // MemoryOption configures a [Memory] store.
@@ -166,8 +162,7 @@ func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) 
 	return res, err
 }
 
-// take decides n tokens (refund: given back) of bucket k into res, naming
-// key in errors.
+// take decides n tokens (refund: given back) of bucket k into res.
 func (m *Memory) take(res *Result, key string, k id, limit Limit, n int, maxDelay time.Duration, refund bool) error {
 	p, u, err := m.limits.units(key, limit, n, refund)
 	if err == nil && maxDelay != 0 {
@@ -207,7 +202,7 @@ func (m *Memory) Reset(_ context.Context, key string, quotas ...Limit) error {
 	return nil
 }
 
-// windowID is the id of the state of window quota p on the key of id k.
+// windowID is the id of window quota p's state on the key of id k.
 func (m *Memory) windowID(k id, p *params) id {
 	return id{k.a ^ maphash.String(m.seeds[1], p.spec), k.b ^ maphash.String(m.seeds[0], p.spec)}
 }
@@ -229,8 +224,8 @@ func (m *Memory) Block(_ context.Context, key string, limit Limit, d time.Durati
 	return nil
 }
 
-// decide adds k units to key's bucket or window quota (k < 0: gives back)
-// into res: on a bucket that exists under its lock alone, else as TakeAll.
+// decide adds k units (< 0: given back) to key's bucket or window quota: on
+// an existing bucket under its lock alone, else as TakeAll.
 func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 	if p.spec == "" && m.hinted(res, key, p, k) {
 		return
@@ -244,8 +239,8 @@ func (m *Memory) decide(res *Result, key id, p *params, k int64) {
 	*res = out[0]
 }
 
-// hinted decides on key's bucket, if it has one, under the bucket's lock,
-// and reports whether it did; a bucket it leaves full is dropped.
+// hinted decides on key's bucket if it has one, and reports whether it did;
+// a bucket it leaves full is dropped.
 func (m *Memory) hinted(res *Result, key id, p *params, k int64) bool {
 	sh := &m.shards[key.a%shards]
 	bk := sh.last.Load()
@@ -288,10 +283,10 @@ func (m *Memory) hinted(res *Result, key id, p *params, k int64) bool {
 type op struct {
 	p      *params
 	id     id
-	k      int64 // units: > 0 taken, < 0 given back
+	k      int64
 	bk     *bucket
-	du, df int64   // a bucket's debt
-	v      winView // a window quota's view, and its state
+	du, df int64
+	v      winView
 	w      win
 }
 
@@ -374,8 +369,8 @@ func (m *Memory) decideAll(out []Result, ops []op) {
 	}
 }
 
-// insert adds bk to sh, making room first at MaxKeys (the cap holds at
-// every instant). The caller write-locks the held shards, sh among them.
+// insert adds bk to sh, making room first at MaxKeys (the cap holds at every
+// instant). The caller write-locks the held shards, sh among them.
 func (m *Memory) insert(sh *shard, bk *bucket, now int64, held *[shards]bool) {
 	for n := m.live.Load(); n >= m.maxKeys || !m.live.CompareAndSwap(n, n+1); n = m.live.Load() {
 		if n >= m.maxKeys {
@@ -387,9 +382,8 @@ func (m *Memory) insert(sh *shard, bk *bucket, now int64, held *[shards]bool) {
 	sh.lastID.Store(bk.id.a)
 }
 
-// writeWindow makes o.w, after o.v, the state of o's window quota (o.bk
-// nil: new), expiring when it no longer counts. The caller write-locks the
-// held shards, sh among them, and holds o.bk.mu.
+// writeWindow makes o.w the state of o's window quota (o.bk nil: new). The
+// caller write-locks the held shards, sh among them, and holds o.bk.mu.
 func (m *Memory) writeWindow(sh *shard, o *op, now int64, held *[shards]bool) {
 	s := tat{u: now + o.p.ttl(o.v), q: 1}
 	switch w := o.w; {
@@ -411,8 +405,8 @@ func (m *Memory) drop(sh *shard, bk *bucket, now int64) {
 	m.live.Add(-1)
 }
 
-// evict drops a bucket to make room, from a shard held or one it can lock
-// without waiting (waiting could deadlock); if every other is busy, it yields.
+// evict drops a bucket from a shard held or one it can lock without waiting
+// (waiting could deadlock); if every other is busy, it yields.
 func (m *Memory) evict(held *[shards]bool, now int64) {
 	for i := range m.shards {
 		if held[i] && m.evictFrom(&m.shards[i], now) {
@@ -431,8 +425,8 @@ func (m *Memory) evict(held *[shards]bool, now int64) {
 	runtime.Gosched()
 }
 
-// evictFrom drops, of up to 8 buckets of sh (in random map order), the first
-// full at now, else the nearest to full, and reports if it did; sh.mu is held.
+// evictFrom drops, of up to 8 buckets of sh (random map order), the first
+// full, else the nearest to full, and reports if it did; sh.mu is held.
 func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	vb, vt, n := (*bucket)(nil), tat{}, 0
 	for _, bk := range sh.buckets {
@@ -458,7 +452,6 @@ func (m *Memory) evictFrom(sh *shard, now int64) bool {
 	return true
 }
 
-// fullAt reports whether a bucket in state s is full at now.
 func (s *tat) fullAt(now int64) bool { return s.u < now || (s.u == now && s.f == 0) }
 
 // TakeAll implements [MultiStore], at one instant.
@@ -485,7 +478,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 }
 
 // Validate returns the first unusable option's error (such as WithMaxKeys(0)),
-// or nil. The store ignores that option; middleware.New refuses the store.
+// or nil: the store ignores that option; middleware.New refuses the store.
 func (m *Memory) Validate() error { return m.err }
 
 // Len returns the number of live buckets.
@@ -518,7 +511,7 @@ func (m *Memory) sweepLoop(every time.Duration) {
 }
 
 // Sweep drops every full bucket now, a shard at a time, as the background
-// sweeper does; for a store made without one ([WithSweepInterval](0)).
+// sweeper does ([WithSweepInterval]).
 func (m *Memory) Sweep() {
 	for i := range m.shards {
 		sh := &m.shards[i]
@@ -534,7 +527,6 @@ func (m *Memory) Sweep() {
 	}
 }
 
-// now returns the current instant in microseconds.
 func (m *Memory) now() int64 {
 	if m.clock != nil {
 		return m.clock().UnixMicro()

@@ -19,21 +19,21 @@ import (
 const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, shared by every server of an
-// application. Each Take is decided in one EVALSHA of [lua.TokenBucket] (atomic,
-// on Redis's clock), sent again as EVAL if Redis lacks the script, and batched
-// with concurrent ones. A restart without persistence refills every bucket.
-// It takes a go-redis Client (single node or Sentinel), ClusterClient or Ring
-// with ContextTimeoutEnabled ([Redis.Validate]). Redis is safe for concurrent
-// use; call [NewRedis].
+// application. Each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
+// Redis's clock; EVAL if Redis lacks the script), batched with concurrent
+// ones. A restart without persistence refills every bucket. It takes a
+// go-redis Client (single node or Sentinel), ClusterClient or Ring with
+// ContextTimeoutEnabled ([Redis.Validate]). It is safe for concurrent use;
+// call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
-	cluster   *redis.ClusterClient // client, when it is a Cluster client
-	tagged    bool                 // Cluster or Ring: keys carry the store's hash tag
+	cluster   *redis.ClusterClient // client, if a Cluster client
+	tagged    bool                 // Cluster or Ring: keys carry a hash tag
 	prefix    string
-	pipelines int   // per node; 0: no batching
+	pipelines int
 	err       error // the first unusable option, for Validate
 	limits    limitCache
-	single    *batcher // the batcher of a client that is not a Cluster
+	single    *batcher // not a Cluster's
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
 	clock     func() time.Time
 }
@@ -62,10 +62,10 @@ func WithKeyPrefix(prefix string) RedisOption {
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
 // Below n in flight a Take goes out alone at once, else with up to 127 others
-// queued meanwhile, in one pipeline of an EVALSHA per hash tag (on a single
-// node, one for all) that decides each Take on its own; on a Cluster, per
-// master (a redirect is sent again). Behind a proxy that shards a single
-// node's keys (twemproxy, Envoy), use a Ring or Cluster client, or 0.
+// queued meanwhile, in one pipeline of an EVALSHA per hash tag (one in all on
+// a single node) deciding each Take on its own; on a Cluster, per master (a
+// redirect is sent again). Behind a proxy that shards a single node's keys
+// (twemproxy, Envoy), use a Ring or Cluster client, or 0.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
 		if n >= 0 {
@@ -108,8 +108,8 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	return r
 }
 
-// Validate returns an error, which middleware.New refuses, for a nil client, an
-// unusable option (ignored), or a client that does not end calls at the
+// Validate returns an error, which middleware.New refuses, for a nil client,
+// an unusable option (ignored), or a client that does not end calls at the
 // context's deadline: a stalled Redis would hold requests.
 func (r *Redis) Validate() error {
 	if r.client == nil {
@@ -217,7 +217,7 @@ func (r *Redis) Refund(ctx context.Context, key string, limit Limit, tokens int)
 	return r.one(ctx, Request{Key: key, Limit: limit, Cost: tokens}, -1, false)
 }
 
-// one decides q alone: a Take (sign 1), a Refund (-1), or a Block of q.MaxDelay.
+// one decides q alone: a Take (sign 1), a Refund (-1), or a Block for MaxDelay.
 func (r *Redis) one(ctx context.Context, q Request, sign int64, block bool) (Result, error) {
 	p, k, err := r.limits.units(q.Key, q.Limit, q.Cost, sign < 0)
 	var ps [1]params
@@ -237,7 +237,7 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64, block bool) (Res
 	return res, nil
 }
 
-// replies is how many integers the script replies for p: a debt, or a window's view.
+// replies is how many integers the script replies for p: a debt or a window.
 func (p *params) replies() int {
 	if p.spec != "" {
 		return 4
@@ -318,7 +318,7 @@ func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 }
 
 // group runs one script call for reqs at indexes g, costs times sign (1: take,
-// 0: read, -1: give back), and writes each one's reply into debts[4i:4i+4].
+// 0: read, -1: give back), each reply into debts[4i:4i+4].
 func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int, sign int64, debts []int64) (bool, error) {
 	if r.client == nil {
 		return false, fmt.Errorf("store: take %q: %w", reqs[g[0]].Key, errNilClient)
@@ -484,12 +484,12 @@ var evalsha, shaArg, eval, srcArg = any("evalsha"), any(lua.TokenBucketSHA1), an
 type call struct {
 	ctx      context.Context
 	key      string  // the caller's first key, for errors
-	tag      [8]byte // its hash tag on a Cluster or Ring: a batch's calls of one tag go in one call
+	tag      [8]byte // on a Cluster or Ring: a batch merges a tag's calls
 	args     []any   // evalsha, sha, n, n keys, n, 3 (or 7) arguments per key
 	allowed  bool
-	debts    []int64 // du, df per key (a window: 4): the reply
+	debts    []int64 // the reply: du, df per key (a window's: 4)
 	err      error
-	done     chan struct{} // signalled when a worker has answered
+	done     chan struct{} // a worker has answered
 	argsBuf  [12]any       // the backing arrays of a Take's call
 	debtsBuf [4]int64
 }

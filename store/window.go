@@ -44,12 +44,7 @@ var (
 	Monthly = &Window{kind: monthly}
 )
 
-var zones sync.Map // windowKey → *Window: one per kind and Location
-
-type windowKey struct {
-	kind uint8
-	loc  *time.Location
-}
+var zones sync.Map // Window{kind, loc} → *Window: one per kind and Location
 
 // In returns w in the calendar of loc (nil: w itself, UTC), the same
 // pointer for the same w and loc, so that Limits using it compare equal.
@@ -57,7 +52,7 @@ func (w *Window) In(loc *time.Location) *Window {
 	if loc == nil {
 		return w
 	}
-	v, _ := zones.LoadOrStore(windowKey{w.kind, loc}, &Window{kind: w.kind, loc: loc})
+	v, _ := zones.LoadOrStore(Window{w.kind, loc}, &Window{kind: w.kind, loc: loc})
 	return v.(*Window)
 }
 
@@ -95,7 +90,7 @@ func PerMonthIn(n int, loc *time.Location) Limit {
 }
 
 // windowParams checks a window quota and returns its params: a token is one
-// count (t = q = 1), cap = Rate.
+// count, cap = Rate.
 func windowParams(l Limit) (*params, error) {
 	n, us, w := int64(l.Rate), l.Period.Microseconds(), l.Window
 	switch {
@@ -138,8 +133,8 @@ func windowParams(l Limit) (*params, error) {
 }
 
 // bounds returns, around the wall instant now (µs), the starts of the
-// window holding it, of the one before and of the one after, and the end of
-// that one: the windows among which Redis's clock picks.
+// window before the one holding it, of that one and the next, and the next
+// one's end: the windows among which Redis's clock picks.
 func (p *params) bounds(now int64) [4]int64 {
 	if p.loc == nil { // windows of Period from the epoch
 		s := now - now%p.period
@@ -170,9 +165,8 @@ func (p *params) around(now int64) (s, e int64) {
 	return s, e
 }
 
-// midnight returns the first instant of the local day (y, mo, d) in loc: in
-// a zone whose clocks skip 00:00 (a change at midnight, or a day skipped),
-// the change.
+// midnight returns the first instant of the local day (y, mo, d) in loc: the
+// change in a zone whose clocks skip 00:00 (a change at midnight, a day skipped).
 func midnight(y int, mo time.Month, d int, loc *time.Location) int64 {
 	t := time.Date(y, mo, d, 0, 0, 0, 0, loc)
 	ty, tm, td := t.Date()
@@ -187,7 +181,7 @@ func midnight(y int, mo time.Month, d int, loc *time.Location) int64 {
 }
 
 // A win is a window quota's state: cur counted in the window from start,
-// prev in the one before it (a sliding window's; 0 for a fixed one).
+// prev in the one before (a sliding window's).
 type win struct{ start, prev, cur int64 }
 
 // A winView is a window quota at an instant: now within [s, e) (real: the
@@ -270,8 +264,7 @@ func (p *params) ttl(v winView) int64 {
 }
 
 // fillWindow puts in res the Result of a window quota after a decision of k
-// counts: RetryAfter until k fit (0 if they do now), ResetAfter until the
-// count is 0.
+// counts: RetryAfter until k fit (0: now), ResetAfter until the count is 0.
 func (p *params) fillWindow(res *Result, v winView, k int64, allowed bool) {
 	n, left, length, elapsed := p.cap, v.e-v.now, v.e-v.s, v.now-v.s
 	*res = Result{Limit: p.l, Allowed: allowed, Remaining: int(max(n-p.count(v), 0))}
@@ -315,7 +308,7 @@ func decayed(c, m, w int64) int64 {
 	return w - ceilDiv((m+1)*w, c) + 1
 }
 
-// WindowAt returns the window of a window quota l that holds t: [start, end).
+// WindowAt returns the window [start, end) of a window quota l that holds t.
 // A token bucket, or an invalid l, has none: both are t.
 func (l Limit) WindowAt(t time.Time) (start, end time.Time) {
 	p, err := newParams(l)
