@@ -60,7 +60,7 @@ func (b *batcher) do(ctx context.Context, c *call) (abandoned bool, err error) {
 	}
 }
 
-// release frees a pipeline slot, or hands it to a worker for calls queued since.
+// release frees a pipeline slot, or hands it to a worker for calls queued.
 func (b *batcher) release() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -82,9 +82,9 @@ func (b *batcher) work() {
 	for yielded := false; ; {
 		b.mu.Lock()
 		if len(b.queue) == 0 && !yielded {
-			// Let the callers just answered queue their next Takes here, not
-			// each go alone through the slot this worker would free: +23 %
-			// on a hot key, +7 % over 100,000 at 64 goroutines (bench/).
+			// Let the callers just answered queue their next Takes here, not go
+			// alone through the slot this worker would free: +23 % on a hot
+			// key, +7 % over 100,000 at 64 goroutines (bench/).
 			b.mu.Unlock()
 			runtime.Gosched()
 			yielded = true

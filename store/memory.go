@@ -132,8 +132,8 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	return m
 }
 
-// Take implements [Store]. It never blocks on I/O and ignores ctx, so it still
-// decides past a deadline (degraded mode); it keeps no reference to key.
+// Take implements [Store]. It ignores ctx, so it still decides past a
+// deadline (degraded mode); it keeps no reference to key.
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
 	err = m.take(&res, key, m.id(key), limit, cost, 0, false)
 	return res, err
@@ -505,8 +505,8 @@ func (m *Memory) sweepLoop(every time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
+			m.Sweep()
 		}
-		m.Sweep()
 	}
 }
 
