@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,10 @@ type plan struct {
 	peer     bool // every policy keys by the TCP peer (the default key)
 }
 
+func newPlan(pols ...policy) *plan {
+	return &plan{policies: pols, peer: !slices.ContainsFunc(pols, func(p policy) bool { return p.key != nil })}
+}
+
 // A policy is one limit of a plan and how its buckets are named.
 type policy struct {
 	name    string // in the headers and problem documents
@@ -40,9 +45,9 @@ type policy struct {
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
 
-// request is what one request's decision needs, pooled so that a plan of
-// one policy allocates nothing (on the stack, its slices would escape
-// through the Observer's strings).
+// request is one request's decision, pooled so that a plan of one policy
+// allocates nothing (on the stack, its slices would escape through the
+// Observer's strings).
 type request struct {
 	p        *plan
 	cost     int
@@ -60,8 +65,7 @@ type request struct {
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
 
-// maxPooledKey bounds the key buffers kept in the pool.
-const maxPooledKey = 1024
+const maxPooledKey = 1024 // the largest key buffer kept in the pool
 
 func newRequest(p *plan) *request {
 	q := requests.Get().(*request)
@@ -106,8 +110,7 @@ func (q *request) storeKeys() []string {
 	return q.refund
 }
 
-// delay returns how long q waits for its tokens (WithDelay): the longest
-// Delay of its policies.
+// delay returns how long q waits for its tokens: its policies' longest Delay.
 func (q *request) delay() (d time.Duration) {
 	for i := range q.res {
 		if q.res[i].Allowed {
@@ -115,6 +118,13 @@ func (q *request) delay() (d time.Duration) {
 		}
 	}
 	return d
+}
+
+// own reports whether policy i keys by the subject of the first, whose
+// strikes and block are the penalty's: a Multi's global or per-route
+// policy is nobody's to block.
+func (q *request) own(i int) bool {
+	return i == 0 || bytes.Equal(q.subject(i), q.subject(0))
 }
 
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -194,14 +204,14 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	if err != nil && !l.fallBack(w, r, next, q, err) {
 		return
 	}
-	if err == nil && l.local != nil && q.cost > 0 && !q.local && allAllowed(q.res) {
+	if l.local != nil && q.cost > 0 && !q.local && allAllowed(q.res) {
 		// The local buckets follow what this server let through, so that a
 		// switch to FailLocal starts from them: a client that was flooding
 		// gets no fresh burst per outage. (One Memory decision per allowed
 		// request, 0.1-0.5 µs, against tens of µs for the Redis round trip.)
 		l.takeLocal(r.Context(), q, true)
 	}
-	if err == nil && !q.local && !l.wait(r, q) {
+	if !q.local && !l.wait(r, q) {
 		return // the client went away while it waited: its tokens are back
 	}
 	l.respond(w, r, next, q)
@@ -213,10 +223,10 @@ func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler
 	next.ServeHTTP(w, r)
 }
 
-// fallBack handles a store error by the failure policy: it reports whether q
-// was decided locally (FailLocal); if not, it has answered the request:
-// refused it (FailClosed), served it unlimited (FailOpen, or a cost a local
-// share cannot hold), or nothing if the client went away.
+// fallBack handles a store error by the failure policy. It reports whether
+// q was decided locally (FailLocal); if not, it has refused the request
+// (FailClosed), served it unlimited (FailOpen, or a cost a local share
+// cannot hold), or left it if the client went away.
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
 	if gone(r.Context()) {
@@ -244,7 +254,6 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 	return false
 }
 
-// allAllowed reports whether every result allows the request.
 func allAllowed(res []store.Result) bool {
 	return !slices.ContainsFunc(res, func(r store.Result) bool { return !r.Allowed })
 }
@@ -305,21 +314,21 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	if !deny {
 		return err
 	}
+	var res store.Result
+	if err == nil {
+		res = q.res[0]
+	}
+	// A probe that left fewer than cost tokens: the next request of this
+	// cost is denied until the bucket holds cost again, at ResetAfter -
+	// (Burst-cost)*T (less a microsecond for the store's rounding).
+	wait := res.ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay
 	switch {
-	case err == nil && !q.res[0].Allowed:
-		l.deny.denied(key, lim, q.cost, q.res[0])
-	case verdict == denyProbe && err == nil && q.res[0].Remaining < q.cost:
-		// The probe took the tokens that came back and left fewer than
-		// cost: the next request of this cost is denied until the bucket
-		// holds cost again, at ResetAfter - (Burst-cost)*T (less a
-		// microsecond for the store's rounding). Keep refusing until then.
-		wait := q.res[0].ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay
-		if wait > 0 {
-			l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: q.res[0].ResetAfter})
-		} else {
-			l.deny.probed(key, gen)
-		}
-	case verdict == denyProbe: // allowed with room left, or no answer: ask the store again
+	case err == nil && !res.Allowed:
+		l.deny.denied(key, lim, q.cost, res)
+	case verdict != denyProbe:
+	case err == nil && res.Remaining < q.cost && wait > 0:
+		l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
+	default: // allowed with room left, or no answer: ask the store again
 		l.deny.probed(key, gen)
 	}
 	return err
@@ -385,15 +394,15 @@ func (q *request) take(ctx context.Context, s store.Store, local, mirror bool, d
 	return err
 }
 
-// takeLocal decides q on FailLocal's in-process store under the local
-// shares; a mirror of what the store allowed leaves q.res alone.
+// takeLocal decides q on FailLocal's store under the local shares; a
+// mirror of what the store allowed follows its wait and leaves q.res alone.
 func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error {
 	// The local store is swept by a goroutine that ends with the sweep: a
 	// Limiter has no Close that could stop a sweeper.
 	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
 		go l.local.Sweep()
 	}
-	delay := time.Duration(0) // a fallback never waits; a mirror follows the store
+	delay := time.Duration(0) // a fallback never waits
 	if mirror {
 		delay = l.cfg.delay
 	}
@@ -429,10 +438,10 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 			l.refuseLate(r, q, d-time.Since(start))
 			return true
 		}
-		l.giveBack(r, q, q.storeKeys())
+		l.giveBack(r, q, q.storeKeys(), false)
 		for i := range q.p.policies {
 			l.observe(r, q.p.policies[i].event, Event{Kind: EventAbandoned, Key: q.subjects[i], Cost: q.cost,
-				Latency: q.latency, Result: q.res[i], Delay: d, DryRun: l.cfg.dryRun})
+				Latency: q.latency, Result: q.res[i], Delay: d})
 		}
 		return false
 	}
@@ -441,7 +450,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 // refuseLate gives back the tokens of a request that cannot wait for them
 // and makes its results a refusal, to retry in d.
 func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
-	l.giveBack(r, q, q.storeKeys())
+	l.giveBack(r, q, q.storeKeys(), false)
 	for i, res := range q.res {
 		res.ResetAfter -= tokenTime(res.Limit, q.cost, false) // the bucket without them
 		res = aged(res, 0)
@@ -485,28 +494,26 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	if allowed {
 		kind, delay = EventAllowed, q.delay()
 	}
-	violated := 0
+	var now time.Time // read only where a header needs the wall clock
+	if c.profile&headers.XRateLimitEpoch != 0 {
+		now = time.Now()
+	}
+	h, violated := w.Header(), 0
 	for i := range pols {
+		pol := &pols[i]
 		if c.observer != nil {
-			l.observe(r, pols[i].event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
+			l.observe(r, pol.event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
 				Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
 		}
 		if q.res[i].RetryAfter > q.res[violated].RetryAfter {
 			violated = i
 		}
-	}
-	var now time.Time // read only where a header needs the wall clock
-	if c.profile&headers.XRateLimitEpoch != 0 {
-		now = time.Now()
-	}
-	h := w.Header()
-	for i := range pols {
-		switch pol := &pols[i]; {
+		switch {
 		case pol.hdr == nil: // no headers, or dry-run mode
 		case refused && len(pols) == 1:
-			pol.hdr.writeDenied(h, quota(pol, q.res[0]), q.res[0].RetryAfter, now)
+			pol.hdr.writeDenied(h, pol.quota(q.res[0]), q.res[0].RetryAfter, now)
 		default:
-			pol.hdr.write(h, quota(pol, q.res[i]), now)
+			pol.hdr.write(h, pol.quota(q.res[i]), now)
 		}
 	}
 	switch {
@@ -532,7 +539,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 }
 
 // quota turns pol's store result into what the headers report.
-func quota(pol *policy, res store.Result) headers.Quota {
+func (pol *policy) quota(res store.Result) headers.Quota {
 	window := res.Limit.Period
 	// A calendar window's length varies (a month, a day of 23 hours): this
 	// one's. Computing none for the others saves 4 allocations per response.
@@ -540,14 +547,8 @@ func quota(pol *policy, res store.Result) headers.Quota {
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
 	}
-	return headers.Quota{
-		Name:      pol.name,
-		Limit:     res.Limit.Burst, // the local share under FailLocal
-		Rate:      res.Limit.Rate,
-		Window:    window,
-		Remaining: res.Remaining,
-		Reset:     NextToken(res),
-	}
+	return headers.Quota{Name: pol.name, Limit: res.Limit.Burst, Rate: res.Limit.Rate, Window: window,
+		Remaining: res.Remaining, Reset: NextToken(res)} // Limit: the local share under FailLocal
 }
 
 // newPolicy returns the policy named name (already checked) of limit, in
@@ -593,49 +594,29 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 	return pol, nil
 }
 
-// newPlan returns the plan of pols.
-func newPlan(pols ...policy) *plan {
-	p := &plan{policies: pols, peer: true}
-	for i := range pols {
-		p.peer = p.peer && pols[i].key == nil
-	}
-	return p
-}
-
 // serveWatched serves the request, then gives its cost back to every
 // policy's bucket if the refund rule says so, and counts a strike if the
 // penalty's Failed does.
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
-	refund := len(q.refund) > 0 && l.cfg.refund(r, sw.code())
+	code := cmp.Or(sw.status, http.StatusOK)
+	refund := len(q.refund) > 0 && l.cfg.refund(r, code)
 	p := l.cfg.penalty
-	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, sw.code())
-	if p != nil && (refund || strike) && l.blockedNow(r, q) {
-		// Blocked while it was served: no tokens back into the block, and
-		// no strike; other subjects' policies (a global one) get theirs.
-		if refund {
-			keys := slices.Clone(q.refund)
-			for i := range keys {
-				if q.own(i) {
-					keys[i] = ""
-				}
-			}
-			l.giveBack(r, q, keys)
-		}
-		return
-	}
+	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, code)
+	// Blocked while it was served: no tokens back into the block, and no
+	// strike; other subjects' policies (a global one) get theirs.
+	blocked := p != nil && (refund || strike) && l.blockedNow(r, q)
 	if refund {
-		l.giveBack(r, q, q.refund)
+		l.giveBack(r, q, q.refund, blocked)
 	}
-	if strike {
+	if strike && !blocked {
 		l.strike(r, q)
 	}
 }
 
-// blockedNow reads the bucket of q's first policy, through the breaker and
-// within the budget, and reports whether it is in a block (a read that
-// fails, or an open breaker, says no).
+// blockedNow reports whether the bucket of q's first policy is in a block,
+// read through the breaker within the budget (a failed read says no).
 func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
 	var res store.Result
 	err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) (err error) {
@@ -643,13 +624,6 @@ func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
 		return err
 	})
 	return err == nil && l.inBlock(res)
-}
-
-// own reports whether policy i keys by the subject of the first, whose
-// strikes and block are the penalty's: a Multi's global or per-route
-// policy is nobody's to block.
-func (q *request) own(i int) bool {
-	return i == 0 || bytes.Equal(q.subject(i), q.subject(0))
 }
 
 // refusedOwn reports whether one of the subject's own policies refused q (a
@@ -731,9 +705,9 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 }
 
 // giveBack gives q's cost back to every policy's bucket, keys[i] that of
-// policy i ("": not that one), within the budget even if the client has
-// gone. A refund that fails is reported: the tokens stay taken.
-func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
+// policy i (but the subject's own if notOwn), within the budget even if the
+// client has gone. A refund that fails is reported: the tokens stay taken.
+func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bool) {
 	failed := func(err error) {
 		l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: q.cost, Err: fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)})
 	}
@@ -751,7 +725,7 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string) {
 				continue // its window has ended: a count back in the next would loosen it
 			}
 		}
-		if key == "" { // not to be given back
+		if notOwn && q.own(i) {
 			continue
 		}
 		if l.local != nil && !q.local { // the mirror took them too

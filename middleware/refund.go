@@ -39,10 +39,3 @@ func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap gives http.ResponseController the writer underneath.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-func (s *statusWriter) code() int {
-	if s.status == 0 {
-		return http.StatusOK
-	}
-	return s.status
-}
