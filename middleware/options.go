@@ -75,13 +75,8 @@ func FailLocalShare(replicas int) FailurePolicy {
 
 // String returns the policy's name: "FailOpen", "FailClosed" or "FailLocal".
 func (p FailurePolicy) String() string {
-	if int(p.kind) < len(failNames) {
-		return failNames[p.kind]
-	}
-	return fmt.Sprintf("FailurePolicy(%d)", p.kind)
+	return [...]string{failOpen: "FailOpen", failClosed: "FailClosed", failLocal: "FailLocal"}[p.kind]
 }
-
-var failNames = [...]string{failOpen: "FailOpen", failClosed: "FailClosed", failLocal: "FailLocal"}
 
 // Option configures a [Limiter] or a [Multi].
 type Option func(*config) error
@@ -109,8 +104,7 @@ type config struct {
 	allowKeys       map[string]bool
 }
 
-// option returns an Option that fails with err if it is not nil, and
-// otherwise applies set.
+// option returns an Option that fails with err, or applies set.
 func option(err error, set func(*config)) Option {
 	return func(c *config) error {
 		if err == nil {
@@ -120,7 +114,6 @@ func option(err error, set func(*config)) Option {
 	}
 }
 
-// failIf returns the error of format and args if bad, else nil.
 func failIf(bad bool, format string, args ...any) error {
 	if !bad {
 		return nil
@@ -139,19 +132,16 @@ func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
 
-// checkName returns the error of option what for an unusable name: one that
-// could make keys collide or pin a Redis Cluster slot.
+// checkName returns the error of option what for a name that could make
+// keys collide or pin a Redis Cluster slot.
 func checkName(what, name string) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return errors.New(what + ": empty name")
-	}
-	for i := 0; i < len(name); i++ {
-		if name[i] < 0x20 || name[i] > 0x7e {
-			return fmt.Errorf("%s: %q: only printable ASCII is allowed", what, name)
-		}
-		if name[i] == '{' || name[i] == '}' || name[i] == ':' {
-			return fmt.Errorf("%s: %q: '{', '}' and ':' are not allowed", what, name)
-		}
+	case strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r > 0x7e }):
+		return fmt.Errorf("%s: %q: only printable ASCII is allowed", what, name)
+	case strings.ContainsAny(name, "{}:"):
+		return fmt.Errorf("%s: %q: '{', '}' and ':' are not allowed", what, name)
 	}
 	return nil
 }
@@ -171,9 +161,9 @@ func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
 
-// WithTimeout sets the budget for one store decision (default
-// [DefaultTimeout]), which must be positive: past it the failure policy
-// decides. It does not apply to the Memory store, which never waits.
+// WithTimeout sets the budget for one store decision (positive; default
+// [DefaultTimeout]), past which the failure policy decides. The Memory
+// store, which never waits, has none.
 func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }
@@ -181,11 +171,7 @@ func WithTimeout(d time.Duration) Option {
 // WithFailurePolicy sets what happens when the store cannot decide (default
 // [FailLocal]); see [FailurePolicy].
 func WithFailurePolicy(p FailurePolicy) Option {
-	err := p.err
-	if err == nil && p.kind > failLocal {
-		err = fmt.Errorf("unknown policy %v", p)
-	}
-	return option(failIf(err != nil, "WithFailurePolicy: %w", err), func(c *config) { c.policy = p })
+	return option(failIf(p.err != nil, "WithFailurePolicy: %w", p.err), func(c *config) { c.policy = p })
 }
 
 // WithBreaker configures the circuit breaker in front of the store (default
@@ -204,12 +190,10 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 
 // WithDelay lets a request that would be refused wait up to max for its
 // tokens (default 0: refuse at once), as nginx's limit_req with a burst:
-// they are taken ahead in the same store call and the request is served
-// when they are due, spaced at the rate. A client that leaves gets its
-// tokens back; a waiter holds its goroutine (at most max × Rate / Period per
-// key). A store failure never makes a request wait; dry-run mode reports the
-// wait (Event.Delay). The store must be a [store.Delayer] and a
-// [store.Refunder].
+// they are taken ahead in the same store call, and the request is served
+// when they are due, spaced at the rate. A client that leaves gets them
+// back; a waiter holds its goroutine (at most max × Rate / Period per key).
+// The store must be a [store.Delayer] and a [store.Refunder].
 func WithDelay(max time.Duration) Option {
 	return option(failIf(max < 0, "WithDelay(%v): the wait must not be negative", max), func(c *config) { c.delay = max })
 }
@@ -217,12 +201,11 @@ func WithDelay(max time.Duration) Option {
 // WithDenyCache makes the limiter remember the store's denials of up to
 // maxKeys keys (default 0: off; about 150 bytes each), so that a flood from
 // one client is refused without asking the store: a key denied at cost c is
-// refused locally, at cost c or more under the same limit, until the
-// store's Retry-After (sound: tokens only return with time), and then one
-// request probes the store. A local refusal can outlast the store's by a
-// round trip, never end earlier. It is off by default because a bucket
-// reset in the store stays refused here (see [Limiter.Forget]). Its
-// refusals count in [Stats].DenyCacheHits; dry-run mode does not use it.
+// refused locally at cost c or more until the store's Retry-After (sound:
+// tokens only return with time, so a local refusal may outlast the store's
+// by a round trip, never end earlier), then one request probes the store.
+// It is off by default because a bucket reset in the store stays refused
+// here (see [Limiter.Forget]). Dry-run mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
@@ -244,16 +227,15 @@ func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err err
 }
 
 // WithSkip sets a predicate evaluated before anything else (default: none):
-// requests for which it returns true pass unlimited, without rate-limit
-// headers, reported as EventSkipped, such as health checks.
+// requests for which it returns true, such as health checks, pass
+// unlimited, without rate-limit headers (EventSkipped).
 func WithSkip(fn func(r *http.Request) bool) Option {
 	return option(failIf(fn == nil, "WithSkip: nil func"), func(c *config) { c.skip = fn })
 }
 
 // WithDryRun, if on (default off), makes the limiter decide and report every
-// request (tokens are taken, events have Event.DryRun set) but never refuse
-// one, and write no rate-limit headers: a shadow mode to try a limit on real
-// traffic.
+// request (Event.DryRun) but never refuse or delay one, nor write rate-limit
+// headers: a shadow mode to try a limit on real traffic.
 func WithDryRun(on bool) Option {
 	return option(nil, func(c *config) { c.dryRun = on })
 }
@@ -277,9 +259,9 @@ func WithProblemDetails() Option {
 	return option(nil, func(c *config) { c.problemDetails = true })
 }
 
-// WithObserver sends the limiter's events to o (default: none; see [Event]).
-// See [SlogObserver]; the promobserver and otelobserver modules export them
-// as metrics.
+// WithObserver sends the limiter's events to o (default: none), such as
+// [SlogObserver]; the promobserver and otelobserver modules export them as
+// metrics.
 func WithObserver(o Observer) Option {
 	return option(failIf(o == nil, "WithObserver: nil Observer"), func(c *config) { c.observer = o })
 }
@@ -287,9 +269,8 @@ func WithObserver(o Observer) Option {
 // WithRefund gives a request's tokens back after its response when
 // rule(r, status) is true (status 200 if the handler wrote none; default:
 // never), such as for 5xx, or for successful logins so that 5 failures
-// lock a client out. It costs one more store call under the timeout; a
-// failed refund is reported (EventError). The store must be a
-// [store.Refunder].
+// lock a client out: one more store call, a failure of which is an
+// EventError. The store must be a [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return option(failIf(rule == nil, "WithRefund: nil rule"), func(c *config) { c.refund = rule })
 }
@@ -311,9 +292,8 @@ type Penalty struct {
 // (plus the WithDelay wait), then refill at the rate. On a [Multi] the key
 // is the first policy's subject; policies of other subjects are neither
 // blocked nor strikes. The block is the buckets' own state
-// ([store.Admin].Block): every server sees it, the 429's Retry-After is the
-// time left, and this server's FailLocal share is blocked too. A block
-// counts no strikes, and a request that ends in one gets no refund (with
+// ([store.Admin].Block), seen by every server (a 429's Retry-After is the
+// time left) and by this server's FailLocal share. A block counts no strikes and its requests get no refund (with
 // refunds or Failed, one more store call reads the bucket). A strike is a
 // store call; a failed one is lost, and the failure policy's decisions and
 // dry-run mode count none. The store must be a [store.Admin].
@@ -385,9 +365,9 @@ func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 	return p.Masked(), true, nil
 }
 
-// allowedResolved reports whether the allow-list is decided before the key
-// functions run (known): it has no networks, or r carries the address that
-// keyfuncs.ClientIPMiddleware resolved; and if so, whether it lets r in.
+// allowedResolved reports whether the allow-list's networks are decided
+// before the key functions run (known: none, or r carries the address
+// keyfuncs.ClientIPMiddleware resolved), and if so whether they let r in.
 func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if len(c.allowNets) == 0 {
 		return false, true
@@ -396,8 +376,6 @@ func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	return ok && c.allowedAddr(a), ok
 }
 
-// allowedAddr reports whether a (the zero Addr: none) is in an allow-listed
-// network.
 func (c *config) allowedAddr(a netip.Addr) bool {
 	a = a.Unmap().WithZone("")
 	for _, n := range c.allowNets {
