@@ -82,12 +82,11 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call that allow let through, returns its error and
-// records its outcome: an error is a failure unless ctx, the request's,
-// ended (a client that went away says nothing about the store); a probe
-// whose client went away, or that panics, is a failure too, so that the
-// next cooldown probes again rather than the breaker closing on no
-// evidence or staying half-open.
+// call runs fn, a store call that allow let through, and records its
+// outcome: an error is a failure unless ctx, the request's, ended (a client
+// that went away says nothing about the store); a probe whose client went
+// away, or that panics, is a failure too, so that the breaker neither
+// closes on no evidence nor stays half-open.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	completed := false
 	defer func() {
@@ -101,7 +100,6 @@ func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	return err
 }
 
-// done records the outcome of a store call that allow let through.
 func (b *breaker) done(probe, failed bool) {
 	switch {
 	case probe && failed:

@@ -14,13 +14,9 @@ import (
 // time the store gave for the denied cost to succeed, a request of that
 // cost or more under the same limit is refused locally. That is sound
 // because a bucket only gains tokens with time (other servers only take
-// them away). Times are read on the process's monotonic clock when the
-// store's reply arrived, after the store decided: an entry can only err
-// late, never early.
-//
-// It is sharded, so that no process-wide lock is on the request path, and
-// bounded: a full shard drops, among a sample, the entries that can refuse
-// nothing more, or else the one that expires first. It starts no goroutine.
+// them away), and times are read on the monotonic clock after the store's
+// reply: an entry can only err late, never early. It is sharded, so that no
+// process-wide lock is on the request path, and bounded (see makeRoom).
 type denyCache struct {
 	shards   []denyShard
 	mask     uint64
@@ -29,10 +25,9 @@ type denyCache struct {
 	now      func() time.Duration // the clock; replaced in tests
 }
 
-// A denyID names a store key by two 64-bit hashes of it, each with a seed
-// of its own (a 2^-128 chance for two keys to share an entry, and no caller
-// can aim at it): the cache keeps no key, so its memory does not grow with
-// their length.
+// A denyID names a store key by two seeded 64-bit hashes (a 2^-128 chance
+// for two keys to share an entry, which no caller can aim at), so that the
+// cache's memory does not grow with the keys' length.
 type denyID [2]uint64
 
 type denyShard struct {
@@ -57,7 +52,6 @@ type denyEntry struct {
 	probing bool
 }
 
-// denyVerdict is what the cache says about a request.
 type denyVerdict uint8
 
 const (
@@ -76,8 +70,7 @@ const (
 
 var processStart = time.Now()
 
-// monotonicNow returns the time since the process started, on the
-// monotonic clock.
+// monotonicNow returns the time since the process started.
 func monotonicNow() time.Duration { return time.Since(processStart) }
 
 func newDenyCache(maxKeys int) *denyCache {
@@ -98,7 +91,6 @@ func newDenyCache(maxKeys int) *denyCache {
 	return d
 }
 
-// lookup returns key's shard and id.
 func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 	h := maphash.Bytes(d.seeds[0], key)
 	return &d.shards[h&d.mask], denyID{h, maphash.Bytes(d.seeds[1], key)}
@@ -214,19 +206,16 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 		window: tokenTime(lim, cost, false), gen: e.gen + 1}
 }
 
+// forget drops the entry of key, if any.
+func (d *denyCache) forget(key []byte) { d.probed(key, 0) }
+
 // probed reports that the probe of the entry gen of key was not denied
 // (allowed, or the store failed): the entry goes, unless it has been
-// recorded again since.
-func (d *denyCache) probed(key []byte, gen uint64) { d.drop(key, &gen) }
-
-// forget drops the entry of key, if any.
-func (d *denyCache) forget(key []byte) { d.drop(key, nil) }
-
-// drop drops the entry of key if it is of generation *gen, or if gen is nil.
-func (d *denyCache) drop(key []byte, gen *uint64) {
+// recorded again since. Gen 0, which no entry has, drops any.
+func (d *denyCache) probed(key []byte, gen uint64) {
 	sh, k := d.lookup(key)
 	sh.mu.Lock()
-	if e := sh.m[k]; e != nil && (gen == nil || e.gen == *gen) {
+	if e := sh.m[k]; e != nil && (gen == 0 || e.gen == gen) {
 		delete(sh.m, k)
 		sh.n.Add(-1)
 	}
@@ -258,7 +247,6 @@ func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	sh.n.Add(int32(-freed))
 }
 
-// len returns the number of entries.
 func (d *denyCache) len() int {
 	n := 0
 	for i := range d.shards {

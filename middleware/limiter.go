@@ -19,14 +19,16 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// ErrCostOutOfRange is wrapped by the error given to the key-error handler
-// and the Observer's EventError when a request's cost is below 0 or above
-// the limit's Burst.
-var ErrCostOutOfRange = errors.New("middleware: cost out of range")
-
-// ErrBreakerOpen is wrapped by the error of an EventError for a decision
-// that took the failure policy because the circuit breaker is open.
-var ErrBreakerOpen = errors.New("middleware: circuit breaker open")
+var (
+	// ErrCostOutOfRange is wrapped by the error given to the key-error
+	// handler and the Observer's EventError when a request's cost is below
+	// 0 or above the limit's Burst.
+	ErrCostOutOfRange = errors.New("middleware: cost out of range")
+	// ErrBreakerOpen is wrapped by the error of an EventError for a
+	// decision that took the failure policy because the circuit breaker is
+	// open.
+	ErrBreakerOpen = errors.New("middleware: circuit breaker open")
+)
 
 // Limiter is rate-limiting middleware for one limit. It is safe for
 // concurrent use; build it with [New].
@@ -108,7 +110,7 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 		l.cfg.name = DefaultName(limit) + "@" + l.site
 	}
 	_, mem := s.(*store.Memory)
-	l.bound = !mem // a Memory decides in memory: nothing to wait for
+	l.bound = !mem
 	l.hooks = l.cfg.observer != nil || l.cfg.allowKeys != nil
 	_, refunds := s.(store.Refunder)
 	if l.cfg.refund != nil && !refunds {
@@ -142,7 +144,7 @@ const localMaxKeys = 100_000
 var localSweep = store.DefaultSweepInterval // a variable for tests
 
 // BreakerState returns the state of the limiter's circuit breaker
-// (always BreakerClosed when it has none).
+// (BreakerClosed when it has none).
 func (l *Limiter) BreakerState() BreakerState {
 	if l.brk == nil {
 		return BreakerClosed
@@ -162,8 +164,6 @@ func (l *Limiter) reportConfig(err error) {
 	}
 }
 
-// breakerChanged reports a transition to the Observer, or without one to
-// slog.Default, as SlogObserver would.
 func (l *Limiter) breakerChanged(from, to BreakerState) {
 	o := l.cfg.observer
 	if o == nil {
@@ -190,9 +190,8 @@ func DefaultName(limit store.Limit) string {
 	return name
 }
 
-// sites counts the limiters made at each place in the code (*atomic.Int64
-// by place), so that two made at one place (a loop, a helper) get different
-// default names too.
+// sites counts the limiters made at each place (*atomic.Int64 by place), so
+// that two made at one place (a loop, a helper) get different names too.
 var sites sync.Map
 
 // site names the caller of New outside this package, and how many limiters
@@ -220,7 +219,7 @@ func site() string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
-// shortDuration formats d without zero units: 1m rather than 1m0s.
+// shortDuration formats d in its largest whole unit: 1m rather than 1m0s.
 func shortDuration(d time.Duration) string {
 	for _, u := range []struct {
 		d    time.Duration
@@ -262,8 +261,7 @@ func (l *Limiter) Stats() Stats {
 	return Stats{KeyErrors: l.keyErrors.Load(), StoreErrors: l.storeErrors.Load(), DenyCacheHits: l.denyHits.Load()}
 }
 
-// Handler returns next wrapped by the limiter (see the package doc for what
-// it does to a request).
+// Handler returns next wrapped by the limiter (see the package doc).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		l.serve(w, r, next)
@@ -321,8 +319,7 @@ func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string,
 	w.Write(body)
 }
 
-// problemDocument is the RFC 9457 body of a denial by the policy named
-// policy.
+// problemDocument is the RFC 9457 body of a denial by the named policy.
 func problemDocument(policy string) []byte {
 	name := strconv.Quote(policy) // printable ASCII: a valid JSON string
 	return []byte(`{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",` +
@@ -347,7 +344,6 @@ func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next htt
 	}
 }
 
-// refuseFailed answers a request refused by FailClosed.
 func (l *Limiter) refuseFailed(w http.ResponseWriter) {
 	p := l.cfg.policy
 	if p.retryAfter > 0 {

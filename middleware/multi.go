@@ -57,7 +57,7 @@ type Tiers struct {
 type Multi struct{ *Limiter }
 
 // NewMulti returns middleware that enforces every one of policies on each
-// request, on a store that decides several buckets at once.
+// request, on a [store.MultiStore].
 func NewMulti(s store.Store, policies []Policy, opts ...Option) (*Multi, error) {
 	return NewTiered(s, Tiers{Plans: map[string][]Policy{"": policies}}, opts...)
 }
@@ -106,7 +106,6 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 	return &Multi{l}, nil
 }
 
-// policyOf checks p and returns its policy in tier.
 func (l *Limiter) policyOf(tier string, p Policy) (policy, error) {
 	if err := p.Limit.Validate(); err != nil {
 		return policy{}, fmt.Errorf("middleware: tier %q: %w", tier, err)

@@ -37,5 +37,4 @@ func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(s.ResponseWriter).Hijack()
 }
 
-// Unwrap gives http.ResponseController the writer underneath.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
