@@ -37,7 +37,7 @@ type Limiter struct {
 	store      store.Store
 	site       string           // where New was called; see WithName
 	bound      bool             // apply cfg.timeout to store calls: not a Memory
-	admin      store.Admin      // the store, with WithPenalty
+	admin      store.Admin      // the store, if it is one
 	plans      map[string]*plan // by tier, for a Multi
 	def        *plan            // the plan of a Limiter, and of a Multi's unknown tiers
 	of         func(*http.Request) string
@@ -113,15 +113,14 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 	l.bound = !mem
 	l.hooks = l.cfg.observer != nil || l.cfg.allowKeys != nil
 	_, refunds := s.(store.Refunder)
-	if l.cfg.refund != nil && !refunds {
+	_, delays := s.(store.Delayer)
+	l.admin, _ = s.(store.Admin)
+	switch {
+	case l.cfg.refund != nil && !refunds:
 		return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
-	}
-	if l.cfg.penalty != nil {
-		if l.admin, _ = s.(store.Admin); l.admin == nil {
-			return nil, fmt.Errorf("middleware: WithPenalty: %T cannot block a key (store.Admin)", s)
-		}
-	}
-	if _, delays := s.(store.Delayer); l.cfg.delay > 0 && (!delays || !refunds) {
+	case l.cfg.penalty != nil && l.admin == nil:
+		return nil, fmt.Errorf("middleware: WithPenalty: %T cannot block a key (store.Admin)", s)
+	case l.cfg.delay > 0 && (!delays || !refunds):
 		return nil, fmt.Errorf("middleware: WithDelay: %T cannot take tokens ahead of time and give them back (store.Delayer and store.Refunder)", s)
 	}
 	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {
