@@ -286,7 +286,7 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 		}
 		addr, ok := res.resolve(r)
 		if !ok {
-			return "", badRemoteAddr(r.RemoteAddr)
+			return "", errNotAnAddr(r.RemoteAddr)
 		}
 		record(r, addr)
 		return k.key(addr), nil
@@ -361,10 +361,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 		}
 		addr, ok := parseAddr(s)
 		if !ok {
-			if len(s) > 64 {
-				s = s[:64] + "..."
-			}
-			return "", fmt.Errorf("keyfuncs: %w: client IP %q from the context is not an IP address", ErrNoKey, s)
+			return "", fmt.Errorf("keyfuncs: %w: client IP %q from the context is not an IP address", ErrNoKey, clip(s))
 		}
 		record(r, addr)
 		return k.key(addr), nil
