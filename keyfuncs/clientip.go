@@ -15,15 +15,11 @@ import (
 // chain has.
 const DefaultMaxForwarded = 20
 
-// maxMaxForwarded bounds [MaxForwarded].
-const maxMaxForwarded = 256
-
-// maxForwardedBytes bounds how much of a forwarding header the resolver
-// reads, counted from the right end across all its field lines: a hostile
-// header costs at most this much work, whatever its length.
+// maxForwardedBytes bounds how much of a forwarding header is read, from the
+// right end across its field lines: a hostile header costs at most this much
+// work, whatever its length.
 const maxForwardedBytes = 8 << 10
 
-// Canonical names of the forwarding headers.
 const (
 	headerXFF       = "X-Forwarded-For"
 	headerForwarded = "Forwarded"
@@ -36,14 +32,13 @@ type IPOption struct {
 	apply func(*ipConfig) error
 }
 
-// sourceKind says where the resolver reads the client address once the TCP
-// peer is trusted.
+// sourceKind says where the client address is read once the peer is trusted.
 type sourceKind uint8
 
 const (
 	sourcePeer      sourceKind = iota // no source: the peer itself
-	sourceXFF                         // X-Forwarded-For, right to left, skipping trusted
-	sourceForwarded                   // Forwarded for=, right to left, skipping trusted
+	sourceXFF                         // X-Forwarded-For, skipping trusted addresses
+	sourceForwarded                   // Forwarded for=, skipping trusted addresses
 	sourceHops                        // X-Forwarded-For, a fixed number of hops
 	sourceHeader                      // one address in a header the proxy overwrites
 )
@@ -53,9 +48,9 @@ const (
 type resolver struct {
 	trusted []netip.Prefix // masked; IPv4-mapped networks unmapped
 	source  sourceKind
-	header  string // sourceHeader: the canonical header name
+	header  string // the header the source reads
 	hops    int    // sourceHops: 1 or more
-	max     int    // sourceXFF, sourceForwarded, sourceHops: elements walked at most
+	max     int    // list sources: elements walked at most
 }
 
 // ipConfig collects the options before the constructor validates them.
@@ -63,7 +58,6 @@ type ipConfig struct {
 	res        resolver
 	keyer      ipKeyer
 	sourceName string // the source option, for error messages; "" for none
-	trustSet   bool
 	maxSet     bool
 }
 
@@ -88,26 +82,19 @@ func TrustProxies(cidrs ...string) IPOption {
 			}
 			c.res.trusted = append(c.res.trusted, p)
 		}
-		c.trustSet = true
 		return nil
 	}}
 }
 
-// parseTrusted reads a trusted network: a CIDR or a bare address, without
-// zone, masked, with IPv4-mapped networks of /96 or longer unmapped.
+// parseTrusted reads a CIDR or a bare address without zone, masked, with an
+// IPv4-mapped network of /96 or longer unmapped.
 func parseTrusted(s string) (netip.Prefix, bool) {
-	var p netip.Prefix
-	if strings.IndexByte(s, '/') >= 0 {
-		var err error
-		if p, err = netip.ParsePrefix(s); err != nil {
-			return netip.Prefix{}, false
-		}
-	} else {
-		a, err := netip.ParseAddr(s)
-		if err != nil || a.Zone() != "" {
-			return netip.Prefix{}, false
-		}
-		p = netip.PrefixFrom(a, a.BitLen())
+	p, err := netip.ParsePrefix(s)
+	if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
+		p, err = netip.PrefixFrom(a, a.BitLen()), nil // a bare address
+	}
+	if err != nil {
+		return netip.Prefix{}, false
 	}
 	p = p.Masked()
 	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
@@ -124,7 +111,7 @@ func parseTrusted(s string) (netip.Prefix, bool) {
 // element that is not an address ends the walk with the peer. It needs
 // [TrustProxies].
 func FromXForwardedFor() IPOption {
-	return source(sourceXFF, "FromXForwardedFor", func(*resolver) error { return nil })
+	return source("FromXForwardedFor", resolver{source: sourceXFF, header: headerXFF}, nil)
 }
 
 // FromForwarded reads the client from the for= parameters of the RFC 7239
@@ -134,7 +121,7 @@ func FromXForwardedFor() IPOption {
 // or two, or does not parse, ends the walk with the peer. It needs
 // [TrustProxies].
 func FromForwarded() IPOption {
-	return source(sourceForwarded, "FromForwarded", func(*resolver) error { return nil })
+	return source("FromForwarded", resolver{source: sourceForwarded, header: headerForwarded}, nil)
 }
 
 // FromHeader reads the client from a header holding one address that the
@@ -144,17 +131,14 @@ func FromForwarded() IPOption {
 // the peer. An invalid name, or X-Forwarded-For or Forwarded (which are
 // lists), is an error of the constructor. It needs [TrustProxies].
 func FromHeader(name string) IPOption {
-	return source(sourceHeader, fmt.Sprintf("FromHeader(%q)", name), func(res *resolver) error {
-		if !validHeaderName(name) {
-			return invalid("FromHeader name %q is not a valid header field name", name)
-		}
-		canon := http.CanonicalHeaderKey(name)
-		if canon == headerXFF || canon == headerForwarded {
-			return invalid("FromHeader(%q) reads one address; for a list use FromXForwardedFor, FromForwarded or TrustedHops", name)
-		}
-		res.header = canon
-		return nil
-	})
+	canon := http.CanonicalHeaderKey(name)
+	var err error
+	if !validHeaderName(name) {
+		err = invalid("FromHeader name %q is not a valid header field name", name)
+	} else if canon == headerXFF || canon == headerForwarded {
+		err = invalid("FromHeader(%q) reads one address; for a list use FromXForwardedFor, FromForwarded or TrustedHops", name)
+	}
+	return source(fmt.Sprintf("FromHeader(%q)", name), resolver{source: sourceHeader, header: canon}, err)
 }
 
 // TrustedHops reads the client from X-Forwarded-For by position: the address
@@ -166,26 +150,22 @@ func FromHeader(name string) IPOption {
 // the proxies can reach). Fewer than n addresses, or one that does not parse,
 // gives the peer. n must be within [1, MaxForwarded]. It needs [TrustProxies].
 func TrustedHops(n int) IPOption {
-	return source(sourceHops, fmt.Sprintf("TrustedHops(%d)", n), func(res *resolver) error {
-		if n < 1 {
-			return invalid("TrustedHops %d is less than 1 (hop 0 is the peer: use no source)", n)
-		}
-		res.hops = n
-		return nil
-	})
+	var err error
+	if n < 1 {
+		err = invalid("TrustedHops %d is less than 1 (hop 0 is the peer: use no source)", n)
+	}
+	return source(fmt.Sprintf("TrustedHops(%d)", n), resolver{source: sourceHops, header: headerXFF, hops: n}, err)
 }
 
-// source returns an IPOption that sets the source, refusing a second one.
-func source(kind sourceKind, name string, set func(*resolver) error) IPOption {
+// source returns an IPOption that sets the source of s, refusing a second
+// source, and fails with err.
+func source(name string, s resolver, err error) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if c.sourceName != "" {
 			return invalid("two sources, %s and %s: choose one", c.sourceName, name)
 		}
-		if err := set(&c.res); err != nil {
-			return err
-		}
-		c.res.source, c.sourceName = kind, name
-		return nil
+		c.res.source, c.res.header, c.res.hops, c.sourceName = s.source, s.header, s.hops, name
+		return err
 	}}
 }
 
@@ -221,8 +201,8 @@ func IPv4Prefix(bits int) IPOption {
 // FromForwarded, TrustedHops).
 func MaxForwarded(n int) IPOption {
 	return IPOption{func(c *ipConfig) error {
-		if n < 1 || n > maxMaxForwarded {
-			return invalid("MaxForwarded %d is outside [1, %d]", n, maxMaxForwarded)
+		if n < 1 || n > 256 {
+			return invalid("MaxForwarded %d is outside [1, 256]", n)
 		}
 		c.res.max, c.maxSet = n, true
 		return nil
@@ -231,10 +211,7 @@ func MaxForwarded(n int) IPOption {
 
 // newIPConfig applies and validates opts for the constructor named who.
 func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
-	c := ipConfig{
-		res:   resolver{max: DefaultMaxForwarded},
-		keyer: defaultIPKeyer,
-	}
+	c := ipConfig{res: resolver{max: DefaultMaxForwarded}, keyer: defaultIPKeyer}
 	for i, o := range opts {
 		if o.apply == nil {
 			return ipConfig{}, invalid("%s option %d is the zero IPOption", who, i)
@@ -243,13 +220,12 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 			return ipConfig{}, err
 		}
 	}
-	list := c.res.source == sourceXFF || c.res.source == sourceForwarded || c.res.source == sourceHops
-	switch {
-	case c.maxSet && !list:
+	switch src := c.res.source; {
+	case c.maxSet && (src == sourcePeer || src == sourceHeader):
 		return ipConfig{}, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
-	case c.res.source == sourceHops && c.res.hops > c.res.max:
+	case src == sourceHops && c.res.hops > c.res.max:
 		return ipConfig{}, invalid("%s is more than MaxForwarded %d", c.sourceName, c.res.max)
-	case c.res.source != sourcePeer && len(c.res.trusted) == 0:
+	case src != sourcePeer && len(c.res.trusted) == 0:
 		// It would never read its header: behind a load balancer, one bucket for all.
 		return ipConfig{}, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
 			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.sourceName)
@@ -296,7 +272,8 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 // ClientIPMiddleware returns middleware that resolves each request's client
 // address as [ClientIP] does, with its options, and stores it, whole, in the
 // request's context for [ClientAddr] and for a ClientIP of the same options.
-// RemoteAddr and the headers are left as they are.
+// RemoteAddr and the headers are left as they are. Invalid options are an
+// error, as for ClientIP.
 func ClientIPMiddleware(opts ...IPOption) (func(http.Handler) http.Handler, error) {
 	c, err := newIPConfig("ClientIPMiddleware", opts)
 	if err != nil {
@@ -326,11 +303,10 @@ type clientAddrValue struct {
 // ClientAddr returns the client address that [ClientIPMiddleware] stored in
 // ctx (whole, without zone, IPv4-mapped as IPv4), or false.
 func ClientAddr(ctx context.Context) (netip.Addr, bool) {
-	v, ok := ctx.Value(clientAddrKey{}).(*clientAddrValue)
-	if !ok {
-		return netip.Addr{}, false
+	if v, ok := ctx.Value(clientAddrKey{}).(*clientAddrValue); ok {
+		return v.addr, true
 	}
-	return v.addr, true
+	return netip.Addr{}, false
 }
 
 // ClientIPFromContext returns a KeyFunc that keys a request, as [ClientIP]
@@ -339,7 +315,8 @@ func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 //
 //	kf, err := keyfuncs.ClientIPFromContext(middleware.GetClientIP)
 //
-// Only [IPv4Prefix] and [IPv6Prefix] apply: whom to trust is fn's decision.
+// Only [IPv4Prefix] and [IPv6Prefix] apply: whom to trust is fn's decision;
+// other options, or a nil fn, are an error wrapping [ErrInvalidConfig].
 // fn returning "" or no address is an error wrapping [ErrNoKey]. The address
 // is recorded in the request's address slot, if any ([WithAddressSlot]).
 func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) (KeyFunc, error) {
@@ -350,7 +327,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 	if err != nil {
 		return nil, err
 	}
-	if c.trustSet || c.sourceName != "" || c.maxSet {
+	if len(c.res.trusted) > 0 || c.sourceName != "" || c.maxSet {
 		return nil, invalid("ClientIPFromContext takes only IPv4Prefix and IPv6Prefix: the function decides whom to trust")
 	}
 	k := c.keyer
@@ -370,60 +347,35 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 
 var errNoClientIP = fmt.Errorf("keyfuncs: %w: no client IP in the request context", ErrNoKey)
 
-// sameAs reports whether res and o resolve every request alike (the prefix
-// lengths of keys are not theirs).
+// sameAs reports whether res and o resolve every request alike.
 func (res *resolver) sameAs(o *resolver) bool {
-	if res == o {
-		return true
-	}
-	return res.source == o.source && res.header == o.header && res.hops == o.hops &&
+	return res == o || res.source == o.source && res.header == o.header && res.hops == o.hops &&
 		res.max == o.max && slices.Equal(res.trusted, o.trusted)
 }
 
-// isTrusted reports whether addr (unmapped, without zone) is inside a
-// trusted network.
 func (res *resolver) isTrusted(addr netip.Addr) bool {
-	for _, p := range res.trusted {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(res.trusted, func(p netip.Prefix) bool { return p.Contains(addr) })
 }
 
 // resolve returns the client address of r, or false when RemoteAddr does
 // not parse. It does not allocate.
 func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseAddr(r.RemoteAddr)
-	if !ok {
-		return netip.Addr{}, false
+	if !ok || res.source == sourcePeer || !res.isTrusted(peer) {
+		return peer, ok
 	}
-	if res.source == sourcePeer || !res.isTrusted(peer) {
+	lines := r.Header[res.header]
+	if res.source != sourceHeader {
+		return res.walk(lines, peer), true
+	}
+	// One address, in the last field line, which the proxy wrote.
+	if len(lines) == 0 || len(lines[len(lines)-1]) > maxForwardedBytes {
 		return peer, true
 	}
-	switch res.source {
-	case sourceXFF, sourceHops:
-		return res.walk(r.Header[headerXFF], peer), true
-	case sourceForwarded:
-		return res.walk(r.Header[headerForwarded], peer), true
-	default: // sourceHeader
-		return res.single(r.Header[res.header], peer), true
+	if addr, ok := parseAddr(trimOWS(lines[len(lines)-1])); ok {
+		return addr, true
 	}
-}
-
-// single returns the one address of the last field line, or peer.
-func (res *resolver) single(lines []string, peer netip.Addr) netip.Addr {
-	if len(lines) == 0 {
-		return peer
-	}
-	v := lines[len(lines)-1]
-	if len(v) > maxForwardedBytes {
-		return peer
-	}
-	if addr, ok := parseAddr(trimOWS(v)); ok {
-		return addr
-	}
-	return peer
+	return peer, true
 }
 
 // walk returns the client address that the forwarding header's field lines
@@ -456,8 +408,7 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 			if j < 0 && cut {
 				return peer
 			}
-			elem := trimOWS(line[j+1:])
-			if elem != "" {
+			if elem := trimOWS(line[j+1:]); elem != "" {
 				n++
 				if n > res.max {
 					return peer
@@ -487,35 +438,22 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 	return last
 }
 
-// trimOWS trims the spaces and tabs around s.
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
 // lastElementComma returns the index of the last comma of a Forwarded line
-// outside quoted strings (a quote after an odd run of backslashes is
-// escaped), or -1, scanning from the right so that whatever the client put on
-// the left cannot hide the proxies' elements; ok is false for an open quote.
+// outside quoted strings, or -1, scanning from the right so that whatever the
+// client put on the left cannot hide the proxies' elements; ok is false for
+// an open quote. A quote after an odd run of backslashes is escaped.
 func lastElementComma(s string) (j int, ok bool) {
 	quoted := false
 	for i := len(s) - 1; i >= 0; i-- {
 		switch s[i] {
 		case '"':
-			if quoted {
-				k := i
-				for k > 0 && s[k-1] == '\\' {
-					k--
-				}
-				if (i-k)%2 == 1 {
-					i = k // an escaped quote: skip it and its backslashes
-					continue
-				}
+			k := i
+			for quoted && k > 0 && s[k-1] == '\\' {
+				k--
+			}
+			if (i-k)%2 == 1 {
+				i = k // an escaped quote: skip it and its backslashes
+				continue
 			}
 			quoted = !quoted
 		case ',':
@@ -533,54 +471,42 @@ func lastElementComma(s string) (j int, ok bool) {
 func forwardedFor(elem string) (netip.Addr, bool) {
 	var node string
 	found := false
-	for i := 0; i < len(elem); {
-		if c := elem[i]; c == ' ' || c == '\t' || c == ';' {
-			i++
-			continue
+	for s := elem; ; {
+		s = s[span(s, isOWSOrSemicolon):]
+		if s == "" {
+			break
 		}
-		start := i
-		for i < len(elem) && isTokenChar(elem[i]) {
-			i++
-		}
-		if i == start || i == len(elem) || elem[i] != '=' {
+		i := span(s, isTokenChar)
+		if i == 0 || i == len(s) || s[i] != '=' {
 			return netip.Addr{}, false
 		}
-		name := elem[start:i]
-		i++ // '='
-		var value string
-		if i < len(elem) && elem[i] == '"' {
-			i++
-			vs := i
-			for i < len(elem) && elem[i] != '"' {
-				if elem[i] == '\\' {
-					i++ // quoted-pair; a node never holds one, parseNode refuses it
+		name, value := s[:i], ""
+		s = s[i+1:]
+		if strings.HasPrefix(s, `"`) {
+			i = 1
+			for i < len(s) && s[i] != '"' {
+				if s[i] == '\\' {
+					i++ // a quoted pair
 				}
 				i++
 			}
-			if i >= len(elem) {
+			if i >= len(s) {
 				return netip.Addr{}, false // unterminated
 			}
-			value = elem[vs:i]
-			i++ // closing quote
+			value, s = s[1:i], s[i+1:]
 		} else {
-			vs := i
 			// A token; ':' and brackets too, for senders that forget to
 			// quote an IPv6 address or a port.
-			for i < len(elem) && (isTokenChar(elem[i]) || elem[i] == ':' || elem[i] == '[' || elem[i] == ']') {
-				i++
-			}
-			value = elem[vs:i]
-			if value == "" {
+			i = span(s, func(c byte) bool { return isTokenChar(c) || c == ':' || c == '[' || c == ']' })
+			if i == 0 {
 				return netip.Addr{}, false
 			}
+			value, s = s[:i], s[i:]
 		}
-		for i < len(elem) && (elem[i] == ' ' || elem[i] == '\t') {
-			i++
-		}
-		if i < len(elem) && elem[i] != ';' {
+		if s = s[span(s, isOWS):]; s != "" && s[0] != ';' {
 			return netip.Addr{}, false
 		}
-		if len(name) == 3 && strings.EqualFold(name, "for") {
+		if strings.EqualFold(name, "for") {
 			if found {
 				return netip.Addr{}, false // RFC 7239: a parameter occurs once per element
 			}
@@ -590,42 +516,45 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 	if !found {
 		return netip.Addr{}, false
 	}
-	return parseNode(node)
-}
-
-// parseNode reads an RFC 7239 node: an address with an optional port,
-// IPv6 in brackets. "unknown" and obfuscated identifiers ("_hidden") name
-// no address; an obfuscated port (":_p") is dropped like a numeric one.
-func parseNode(v string) (netip.Addr, bool) {
-	if v == "" || v[0] == '_' || strings.EqualFold(v, "unknown") {
-		return netip.Addr{}, false
-	}
-	if i := strings.LastIndexByte(v, ':'); i >= 0 && i+1 < len(v) && v[i+1] == '_' {
-		host := v[:i]
-		if !validObfuscated(v[i+1:]) || !(strings.HasSuffix(host, "]") || strings.IndexByte(host, ':') < 0) {
+	// A node is an address with an optional port, IPv6 in brackets; an
+	// obfuscated port (":_p") is dropped like a numeric one. "unknown" and
+	// obfuscated identifiers ("_hidden") do not parse as addresses.
+	if i := strings.LastIndexByte(node, ':'); i >= 0 && strings.HasPrefix(node[i+1:], "_") {
+		host, port := node[:i], node[i+1:]
+		if len(port) < 2 || span(port[1:], isObfuscatedChar) != len(port)-1 ||
+			strings.Contains(host, ":") && !strings.HasSuffix(host, "]") {
 			return netip.Addr{}, false
 		}
-		v = host
+		node = host
 	}
-	return parseAddr(v)
+	return parseAddr(node)
 }
 
-// validObfuscated reports whether s is an RFC 7239 obfuscated identifier:
-// '_' and then one or more of ALPHA, DIGIT, '.', '_', '-'.
-func validObfuscated(s string) bool {
-	if len(s) < 2 || s[0] != '_' {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+// isObfuscatedChar reports whether c may follow the '_' of an RFC 7239
+// obfuscated identifier.
+func isObfuscatedChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
-// isTokenChar reports whether c may appear in an RFC 9110 token.
-func isTokenChar(c byte) bool {
-	return c > ' ' && c < 0x7f && !isSeparator(c)
+func isOWS(c byte) bool { return c == ' ' || c == '\t' }
+
+func isOWSOrSemicolon(c byte) bool { return isOWS(c) || c == ';' }
+
+// trimOWS trims the spaces and tabs around s (strings.Trim takes 5 times as
+// long).
+func trimOWS(s string) string {
+	s = s[span(s, isOWS):]
+	for len(s) > 0 && isOWS(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// span returns the length of the longest prefix of s whose bytes satisfy ok.
+func span(s string, ok func(byte) bool) int {
+	i := 0
+	for i < len(s) && ok(s[i]) {
+		i++
+	}
+	return i
 }

@@ -35,27 +35,16 @@ func Header(name string) (KeyFunc, error) {
 
 // validHeaderName reports whether s is an RFC 9110 token.
 func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case c < 0x80 && c > ' ' && c != 0x7f && !isSeparator(c):
-		default:
-			return false
-		}
-	}
-	return true
+	return s != "" && span(s, isTokenChar) == len(s)
 }
 
-func isSeparator(c byte) bool {
+// isTokenChar reports whether c may appear in an RFC 9110 token.
+func isTokenChar(c byte) bool {
 	switch c {
 	case '"', '(', ')', ',', '/', ':', ';', '<', '=', '>', '?', '@', '[', '\\', ']', '{', '}':
-		return true
+		return false
 	}
-	return false
+	return c > ' ' && c < 0x7f
 }
 
 // User keys a request by the authenticated user id that fn reads from the
