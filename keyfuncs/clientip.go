@@ -32,25 +32,14 @@ type IPOption struct {
 	apply func(*ipConfig) error
 }
 
-// sourceKind says where the client address is read once the peer is trusted.
-type sourceKind uint8
-
-const (
-	sourcePeer      sourceKind = iota // no source: the peer itself
-	sourceXFF                         // X-Forwarded-For, skipping trusted addresses
-	sourceForwarded                   // Forwarded for=, skipping trusted addresses
-	sourceHops                        // X-Forwarded-For, a fixed number of hops
-	sourceHeader                      // one address in a header the proxy overwrites
-)
-
 // resolver finds the client address of a request. It is immutable once
 // built, so one serves every request concurrently.
 type resolver struct {
 	trusted []netip.Prefix // masked; IPv4-mapped networks unmapped
-	source  sourceKind
-	header  string // the header the source reads
-	hops    int    // sourceHops: 1 or more
-	max     int    // list sources: elements walked at most
+	header  string         // the source's header; "" for none (the peer)
+	single  bool           // header holds one address, not a list
+	hops    int            // > 0: the client is hop n of X-Forwarded-For
+	max     int            // list elements walked at most
 }
 
 // ipConfig collects the options before the constructor validates them.
@@ -111,7 +100,7 @@ func parseTrusted(s string) (netip.Prefix, bool) {
 // element that is not an address ends the walk with the peer. It needs
 // [TrustProxies].
 func FromXForwardedFor() IPOption {
-	return source("FromXForwardedFor", resolver{source: sourceXFF, header: headerXFF}, nil)
+	return source("FromXForwardedFor", resolver{header: headerXFF}, nil)
 }
 
 // FromForwarded reads the client from the for= parameters of the RFC 7239
@@ -121,7 +110,7 @@ func FromXForwardedFor() IPOption {
 // or two, or does not parse, ends the walk with the peer. It needs
 // [TrustProxies].
 func FromForwarded() IPOption {
-	return source("FromForwarded", resolver{source: sourceForwarded, header: headerForwarded}, nil)
+	return source("FromForwarded", resolver{header: headerForwarded}, nil)
 }
 
 // FromHeader reads the client from a header holding one address that the
@@ -138,7 +127,7 @@ func FromHeader(name string) IPOption {
 	} else if canon == headerXFF || canon == headerForwarded {
 		err = invalid("FromHeader(%q) reads one address; for a list use FromXForwardedFor, FromForwarded or TrustedHops", name)
 	}
-	return source(fmt.Sprintf("FromHeader(%q)", name), resolver{source: sourceHeader, header: canon}, err)
+	return source(fmt.Sprintf("FromHeader(%q)", name), resolver{header: canon, single: true}, err)
 }
 
 // TrustedHops reads the client from X-Forwarded-For by position: the address
@@ -154,7 +143,7 @@ func TrustedHops(n int) IPOption {
 	if n < 1 {
 		err = invalid("TrustedHops %d is less than 1 (hop 0 is the peer: use no source)", n)
 	}
-	return source(fmt.Sprintf("TrustedHops(%d)", n), resolver{source: sourceHops, header: headerXFF, hops: n}, err)
+	return source(fmt.Sprintf("TrustedHops(%d)", n), resolver{header: headerXFF, hops: n}, err)
 }
 
 // source returns an IPOption that sets the source of s, refusing a second
@@ -164,7 +153,7 @@ func source(name string, s resolver, err error) IPOption {
 		if c.sourceName != "" {
 			return invalid("two sources, %s and %s: choose one", c.sourceName, name)
 		}
-		c.res.source, c.res.header, c.res.hops, c.sourceName = s.source, s.header, s.hops, name
+		c.res.header, c.res.single, c.res.hops, c.sourceName = s.header, s.single, s.hops, name
 		return err
 	}}
 }
@@ -173,25 +162,13 @@ func source(name string, s resolver, err error) IPOption {
 // 1 to 128, 64 by default (a client can pick a fresh address in its /64 for
 // every request; some providers hand out /56 or /48).
 func IPv6Prefix(bits int) IPOption {
-	return IPOption{func(c *ipConfig) error {
-		if bits < 1 || bits > 128 {
-			return invalid("IPv6Prefix %d is outside [1, 128]", bits)
-		}
-		c.keyer.v6Bits = bits
-		return nil
-	}}
+	return rangeOption("IPv6Prefix", bits, 128, func(c *ipConfig) { c.keyer.v6Bits = bits })
 }
 
 // IPv4Prefix sets the prefix length that groups IPv4 clients into one key:
 // 1 to 32, 32 by default.
 func IPv4Prefix(bits int) IPOption {
-	return IPOption{func(c *ipConfig) error {
-		if bits < 1 || bits > 32 {
-			return invalid("IPv4Prefix %d is outside [1, 32]", bits)
-		}
-		c.keyer.v4Bits = bits
-		return nil
-	}}
+	return rangeOption("IPv4Prefix", bits, 32, func(c *ipConfig) { c.keyer.v4Bits = bits })
 }
 
 // MaxForwarded caps the elements walked in X-Forwarded-For or Forwarded:
@@ -200,11 +177,16 @@ func IPv4Prefix(bits int) IPOption {
 // that are read at most. It needs a list source (FromXForwardedFor,
 // FromForwarded, TrustedHops).
 func MaxForwarded(n int) IPOption {
+	return rangeOption("MaxForwarded", n, 256, func(c *ipConfig) { c.res.max, c.maxSet = n, true })
+}
+
+// rangeOption returns an IPOption that calls set if n is within [1, max].
+func rangeOption(name string, n, max int, set func(*ipConfig)) IPOption {
 	return IPOption{func(c *ipConfig) error {
-		if n < 1 || n > 256 {
-			return invalid("MaxForwarded %d is outside [1, 256]", n)
+		if n < 1 || n > max {
+			return invalid("%s %d is outside [1, %d]", name, n, max)
 		}
-		c.res.max, c.maxSet = n, true
+		set(c)
 		return nil
 	}}
 }
@@ -220,12 +202,12 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 			return ipConfig{}, err
 		}
 	}
-	switch src := c.res.source; {
-	case c.maxSet && (src == sourcePeer || src == sourceHeader):
+	switch res := &c.res; {
+	case c.maxSet && (res.header == "" || res.single):
 		return ipConfig{}, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
-	case src == sourceHops && c.res.hops > c.res.max:
-		return ipConfig{}, invalid("%s is more than MaxForwarded %d", c.sourceName, c.res.max)
-	case src != sourcePeer && len(c.res.trusted) == 0:
+	case res.hops > res.max:
+		return ipConfig{}, invalid("%s is more than MaxForwarded %d", c.sourceName, res.max)
+	case res.header != "" && len(res.trusted) == 0:
 		// It would never read its header: behind a load balancer, one bucket for all.
 		return ipConfig{}, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
 			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.sourceName)
@@ -349,7 +331,7 @@ var errNoClientIP = fmt.Errorf("keyfuncs: %w: no client IP in the request contex
 
 // sameAs reports whether res and o resolve every request alike.
 func (res *resolver) sameAs(o *resolver) bool {
-	return res == o || res.source == o.source && res.header == o.header && res.hops == o.hops &&
+	return res == o || res.header == o.header && res.single == o.single && res.hops == o.hops &&
 		res.max == o.max && slices.Equal(res.trusted, o.trusted)
 }
 
@@ -361,11 +343,11 @@ func (res *resolver) isTrusted(addr netip.Addr) bool {
 // not parse. It does not allocate.
 func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseAddr(r.RemoteAddr)
-	if !ok || res.source == sourcePeer || !res.isTrusted(peer) {
+	if !ok || res.header == "" || !res.isTrusted(peer) {
 		return peer, ok
 	}
 	lines := r.Header[res.header]
-	if res.source != sourceHeader {
+	if !res.single {
 		return res.walk(lines, peer), true
 	}
 	// One address, in the last field line, which the proxy wrote.
@@ -383,7 +365,7 @@ func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
 // from the right: an element that reaches that window's edge may have been
 // cut ("11.2.3.4" leaves "1.2.3.4"), so it gives the peer.
 func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
-	forwarded, parse := res.source == sourceForwarded, parseAddr
+	forwarded, parse := res.header == headerForwarded, parseAddr
 	if forwarded {
 		parse = forwardedFor
 	}
@@ -417,7 +399,7 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 				if !ok {
 					return peer
 				}
-				if res.source == sourceHops {
+				if res.hops > 0 {
 					if n == res.hops {
 						return addr
 					}
@@ -432,7 +414,7 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 			line = line[:j]
 		}
 	}
-	if res.source == sourceHops {
+	if res.hops > 0 {
 		return peer // fewer than hops addresses
 	}
 	return last
