@@ -9,38 +9,27 @@ import (
 )
 
 // PeerIP keys a request by its TCP peer, r.RemoteAddr: "ip:" and the
-// address, IPv4 whole ("ip:192.0.2.1") and IPv6 grouped by its /64
-// ("ip:2001:db8:1:2::/64"). The port and any IPv6 zone are dropped, and an
-// IPv4-mapped IPv6 address (::ffff:a.b.c.d, from dual-stack listeners) is
-// read as the IPv4 address before any grouping. Keys are at most 46 bytes.
-//
-// RemoteAddr may be "ip:port", "[ipv6]:port", "[ipv6%zone]:port", or a bare
-// address ("192.0.2.1", "2001:db8::1", "[2001:db8::1]"); an IPv6 address
-// without brackets is read whole, never as address and port. A RemoteAddr
-// that does not parse is an error wrapping [ErrNoKey], never a shared key.
-//
-// PeerIP trusts only the TCP peer: behind a proxy or load balancer every
-// client has the proxy's address. There, use [ClientIP] with the proxies'
-// networks; see the package's trust model.
+// address, IPv4 whole ("ip:192.0.2.1"), IPv6 by its /64
+// ("ip:2001:db8:1:2::/64"), port and zone dropped, IPv4-mapped IPv6 read as
+// IPv4 before grouping; at most 46 bytes. RemoteAddr may be "ip:port",
+// "[ipv6%zone]:port" or a bare address; IPv6 without brackets is read whole.
+// One that does not parse is an error wrapping [ErrNoKey]. Behind a proxy,
+// every client has the proxy's address: use [ClientIP] there.
 func PeerIP(r *http.Request) (string, error) {
 	return defaultIPKeyer.peer(r)
 }
 
-// AppendPeerIP appends the key [PeerIP] gives r to dst and returns the
-// extended slice, or dst and PeerIP's error. It allocates nothing unless
-// dst must grow or r has no usable address, so a caller that builds a
-// longer key around the subject (as the middleware builds its store key)
-// need not allocate the subject first.
+// AppendPeerIP appends the key [PeerIP] gives r to dst, or returns dst and
+// PeerIP's error. It allocates only if dst must grow or r has no address.
 func AppendPeerIP(dst []byte, r *http.Request) ([]byte, error) {
 	return defaultIPKeyer.appendPeer(dst, r)
 }
 
 // PeerIPPrefix returns [PeerIP] with other prefix lengths: v4Bits for IPv4
-// (1 to 32; PeerIP uses 32) and v6Bits for IPv6 (1 to 128; PeerIP uses 64),
-// such as 24 and 56. A key for a full-length prefix is the bare address
-// ("ip:192.0.2.1"); any other is in CIDR notation ("ip:192.0.2.0/24",
-// "ip:2001:db8:1::/48"). A length out of range, 0 included, is an error
-// wrapping [ErrInvalidConfig] (use [Static] for a global limit).
+// (1 to 32, PeerIP's 32) and v6Bits for IPv6 (1 to 128, PeerIP's 64). A
+// full-length prefix keys the bare address, any other is in CIDR notation
+// ("ip:192.0.2.0/24"). A length out of range is an error wrapping
+// [ErrInvalidConfig].
 func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	if v4Bits < 1 || v4Bits > 32 {
 		return nil, invalid("PeerIPPrefix v4Bits %d is outside [1, 32]", v4Bits)
@@ -51,12 +40,10 @@ func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	return ipKeyer{v4Bits, v6Bits}.peer, nil
 }
 
-// defaultIPKeyer groups IPv4 by /32 and IPv6 by /64: an IPv6 client
-// usually holds a whole /64 and can pick a fresh address in it per request.
+// defaultIPKeyer groups IPv6 by /64: a client can use any address of its /64.
 var defaultIPKeyer = ipKeyer{v4Bits: 32, v6Bits: 64}
 
-// ipKeyer turns addresses into "ip:" keys at given prefix lengths (1..32,
-// 1..128).
+// ipKeyer turns addresses into "ip:" keys at given prefix lengths.
 type ipKeyer struct{ v4Bits, v6Bits int }
 
 // maxIPKeyLen is the longest IP key: "ip:", 39 bytes of IPv6 and "/127".
@@ -85,8 +72,7 @@ func (k ipKeyer) appendPeer(dst []byte, r *http.Request) ([]byte, error) {
 }
 
 // canonicalIPv4Host returns the address of s when s is "a.b.c.d:port" with
-// the address as netip.Addr.String writes it (fields 0 to 255 without
-// leading zeros) and a valid port.
+// the address as netip.Addr.String writes it and a valid port.
 func canonicalIPv4Host(s string) (string, bool) {
 	i := 0
 	for field := 0; field < 4; field++ {
@@ -111,8 +97,8 @@ func canonicalIPv4Host(s string) (string, bool) {
 	return s[:i], true
 }
 
-// key returns the key of addr, which has no zone and is unmapped, so that
-// the IPv4 prefix length applies to IPv4-mapped addresses.
+// key returns the key of addr, which is unmapped, so that the IPv4 prefix
+// length applies to IPv4-mapped addresses.
 func (k ipKeyer) key(addr netip.Addr) string {
 	var buf [maxIPKeyLen]byte
 	return string(k.appendKey(buf[:0], addr))
@@ -136,8 +122,7 @@ func (k ipKeyer) appendKey(b []byte, addr netip.Addr) []byte {
 
 // appendPrefix6 appends the prefix of length bits (1 to 64) of IPv6 addr as
 // netip.Prefix.AppendTo does, in a third of the time (the /64 is the default).
-// The low 64 bits of the masked address are zero, so the run of zero groups
-// that RFC 5952 writes "::" is the one that ends the address.
+// Its low 64 bits are zero: RFC 5952's "::" is the run that ends it.
 func appendPrefix6(b []byte, addr netip.Addr, bits int) []byte {
 	a := addr.As16()
 	hi := binary.BigEndian.Uint64(a[:8]) &^ (1<<(64-bits) - 1)
@@ -171,9 +156,8 @@ func appendHex16(b []byte, v uint16) []byte {
 }
 
 // parseAddr reads an address in the forms of RemoteAddr (see PeerIP), also
-// used for forwarded addresses: brackets hold only IPv6, and a port is 1 to
-// 5 digits, at most 65535. It returns the address without zone and
-// unmapped, and allocates only when it fails.
+// those of forwarded addresses: brackets hold only IPv6, a port is 1 to 5
+// digits. It returns the address without zone and unmapped.
 func parseAddr(s string) (netip.Addr, bool) {
 	host, bracketed := s, strings.HasPrefix(s, "[")
 	if bracketed {
@@ -191,8 +175,7 @@ func parseAddr(s string) (netip.Addr, bool) {
 		}
 		host = s[:i]
 	}
-	// The zone is cut here: netip.ParseAddr would intern it, only for us to
-	// drop it.
+	// netip.ParseAddr would intern the zone, only for us to drop it.
 	zoned := false
 	if i := strings.IndexByte(host, '%'); i >= 0 {
 		if i == len(host)-1 {
