@@ -7,21 +7,17 @@ import (
 )
 
 // Header keys a request by a header that identifies the client, such as an
-// API key: "key:" and the first 22 characters of the unpadded base64url
-// SHA-256 of the value (26 bytes in all), so the secret itself never reaches
-// the store. Values are compared exactly, with no trimming or case folding.
-//
-// The name is canonicalised ("x-api-key" reads X-Api-Key). When the header
-// has several field lines, the first one is used; values are not split at
-// commas. A missing header, or an empty first value, is an error wrapping
-// [ErrNoKey], never a shared bucket. A name that is not a valid header field
-// name is an error wrapping [ErrInvalidConfig].
+// API key: "key:" and the hash of the value (26 bytes), so the secret never
+// reaches the store. The name is canonicalised; the first field line is used
+// as it is, not split or trimmed. A missing or empty value is an error
+// wrapping [ErrNoKey]; an invalid name is an error wrapping
+// [ErrInvalidConfig].
 func Header(name string) (KeyFunc, error) {
 	if !validHeaderName(name) {
 		return nil, invalid("Header name %q is not a valid header field name", name)
 	}
 	canon := http.CanonicalHeaderKey(name)
-	// Built once: a flood of requests without the header costs no allocation.
+	// Built once: requests without the header cost no allocation.
 	errMissing := fmt.Errorf("keyfuncs: %w: header %s is missing or empty", ErrNoKey, canon)
 	return func(r *http.Request) (string, error) {
 		v := r.Header[canon]
@@ -47,15 +43,11 @@ func isTokenChar(c byte) bool {
 	return c > ' ' && c < 0x7f
 }
 
-// User keys a request by the authenticated user id that fn reads from the
-// request's context, where the app's authentication middleware put it:
-// "user:<id>". An id longer than 64 bytes, with a byte outside printable
-// ASCII (space to '~'), or starting with '#' is hashed instead:
-// "user:#<hash>", the first 22 characters of the unpadded base64url SHA-256
-// of the id. Keys are at most 69 bytes.
-//
-// fn returning "" (no authenticated user) is an error wrapping [ErrNoKey].
-// A nil fn is an error wrapping [ErrInvalidConfig].
+// User keys a request by the authenticated user id that fn reads from its
+// context: "user:<id>", or "user:#" and the hash of an id longer than 64
+// bytes, starting with '#' or with a byte outside printable ASCII. fn
+// returning "" is an error wrapping [ErrNoKey]; a nil fn is an error
+// wrapping [ErrInvalidConfig].
 func User(fn func(ctx context.Context) string) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("User function is nil")

@@ -5,16 +5,11 @@ import (
 	"net/http"
 )
 
-// Pattern keys a request by the [http.ServeMux] pattern that matched it,
-// [http.Request.Pattern]: "route:<pattern>", such as "route:GET /items/{id}".
-// Patterns are bounded and hashed like the ids of [User]; keys are at most
-// 70 bytes.
-//
-// The pattern is set only once a ServeMux has routed the request, so the
-// limiter must wrap the handler registered in the mux
-// (mux.Handle("GET /items/{id}", lim.Handler(h))), not the mux itself. An
-// empty pattern, such as a request the limiter sees before routing, is an
-// error wrapping [ErrNoKey].
+// Pattern keys a request by the [http.ServeMux] pattern that matched it:
+// "route:<pattern>", hashed as [User] hashes ids. The pattern is set once a
+// ServeMux has routed the request, so the limiter must wrap the handler
+// registered in the mux, not the mux; an empty pattern is an error wrapping
+// [ErrNoKey].
 func Pattern(r *http.Request) (string, error) {
 	if r.Pattern == "" {
 		return "", errNoPattern
@@ -24,20 +19,12 @@ func Pattern(r *http.Request) (string, error) {
 
 var errNoPattern = fmt.Errorf("keyfuncs: %w: no ServeMux pattern (Request.Pattern is empty)", ErrNoKey)
 
-// Route keys a request by a route pattern that fn reads, for routers this
-// package does not import: "route:<pattern>", bounded and hashed like
-// [Pattern]. With chi:
-//
-//	kf, err := keyfuncs.Route(func(r *http.Request) string {
-//		return chi.RouteContext(r.Context()).RoutePattern()
-//	})
-//
-// chi knows the whole pattern only once it has found the route: the limiter
-// must run as route middleware (r.With(lim.Handler), or r.Use inside
-// r.Group). Under r.Use of a Mux or of r.Route, it would read the pattern
-// matched so far, such as "/api/*", shared by every route below.
-//
-// fn returning "" is an error wrapping [ErrNoKey]. A nil fn is an error
+// Route keys a request by the route pattern fn reads, for other routers, as
+// [Pattern] does. With chi, fn returns
+// chi.RouteContext(r.Context()).RoutePattern() and the limiter runs as route
+// middleware (r.With, or r.Use in r.Group): under r.Use of a Mux or r.Route
+// it would read the pattern matched so far, shared by every route below. fn
+// returning "" is an error wrapping [ErrNoKey]; a nil fn is an error
 // wrapping [ErrInvalidConfig].
 func Route(fn func(r *http.Request) string) (KeyFunc, error) {
 	if fn == nil {
