@@ -369,19 +369,14 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 				return peer
 			}
 			if elem := trimOWS(line[j+1:]); elem != "" {
-				n++
-				if n > res.max {
+				if n++; n > res.max {
 					return peer
 				}
 				addr, ok := parse(elem)
-				if !ok {
+				switch {
+				case !ok:
 					return peer
-				}
-				if res.hops > 0 {
-					if n == res.hops {
-						return addr
-					}
-				} else if !res.isTrusted(addr) {
+				case res.hops > 0 && n == res.hops, res.hops == 0 && !res.isTrusted(addr):
 					return addr
 				}
 				last = addr

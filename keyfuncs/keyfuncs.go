@@ -9,38 +9,32 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
-// KeyFunc extracts the rate-limit subject of a request: the name of the
-// bucket the request is charged to. It has the same shape as httprate's
-// KeyFunc. A KeyFunc never returns an empty key with a nil error; a request
-// it cannot key is an error, wrapping [ErrNoKey] when the request simply
-// lacks what the KeyFunc reads. The KeyFuncs of this package are safe for
-// concurrent use.
+// KeyFunc extracts the rate-limit subject of a request, the key of the
+// bucket it is charged to, as httprate's KeyFunc does. It never returns an
+// empty key with a nil error; a request it cannot key is an error, wrapping
+// [ErrNoKey] when the request lacks what it reads. This package's KeyFuncs
+// are safe for concurrent use.
 type KeyFunc func(r *http.Request) (string, error)
 
-// ErrNoKey is wrapped by every error that means "this request has no key":
-// no usable peer address, a missing header, no authenticated user, no route
-// pattern. Such a request must not be charged to a shared bucket; the
-// middleware refuses it.
+// ErrNoKey is wrapped by the errors that mean the request has no key (no
+// usable address, header, user or pattern): the middleware refuses such a
+// request rather than charge a shared bucket.
 var ErrNoKey = errors.New("no key")
 
 // ErrInvalidConfig is wrapped by the error of a constructor given unusable
-// arguments: a bad prefix length, header name, trusted network, or nil
-// function, or options that contradict each other.
+// arguments.
 var ErrInvalidConfig = errors.New("invalid configuration")
 
-// maxPartLen is the longest user id or route pattern kept as it is in a key;
-// longer ones, and ones that are not plain printable ASCII, are hashed.
-const maxPartLen = 64
+const (
+	maxPartLen = 64 // the longest user id or route pattern kept unhashed
+	hashLen    = 22 // characters of base64url SHA-256 in a hash: 132 bits
+)
 
-// hashLen is the length of a hashed subject: the first 22 characters (132
-// bits) of the unpadded base64url SHA-256.
-const hashLen = 22
-
-// appendHash appends the first hashLen characters of the unpadded base64url
-// encoding of the SHA-256 of s. Encoding the first 18 bytes (24 characters)
-// gives exactly the prefix of the encoding of all 32.
+// appendHash appends the hash of s. Encoding the first 18 bytes of the
+// SHA-256 (24 characters) gives the prefix of the encoding of all 32.
 func appendHash(b []byte, s string) []byte {
 	sum := sha256.Sum256([]byte(s))
 	var enc [24]byte
@@ -48,12 +42,12 @@ func appendHash(b []byte, s string) []byte {
 	return append(b, enc[:hashLen]...)
 }
 
-// subjectKey returns ns+s when s is at most maxPartLen bytes of printable
-// ASCII (space to '~') and does not start with '#'; otherwise ns+"#" and the
-// hash of s. A kept subject never starts with '#', so it never collides with
-// a hashed one.
+// subjectKey returns ns+s, or ns+"#" and the hash of s unless s is at most
+// maxPartLen bytes of printable ASCII. A kept s never starts with '#', so it
+// never poses as a hashed one.
 func subjectKey(ns, s string) string {
-	if plain(s) {
+	printable := func(c byte) bool { return ' ' <= c && c <= '~' }
+	if len(s) <= maxPartLen && !strings.HasPrefix(s, "#") && span(s, printable) == len(s) {
 		return ns + s
 	}
 	var buf [16 + 1 + hashLen]byte
@@ -62,33 +56,16 @@ func subjectKey(ns, s string) string {
 	return string(appendHash(b, s))
 }
 
-func plain(s string) bool {
-	if len(s) > maxPartLen || (len(s) > 0 && s[0] == '#') {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
-// addrSlotKey is the context key of an address slot; see WithAddressSlot.
 type addrSlotKey struct{}
 
-// WithAddressSlot returns a copy of ctx holding slot. The key functions
-// that read the client's address from somewhere other than the TCP peer,
-// [ClientIP] and [ClientIPFromContext], store there the address they
-// resolved (whole, not grouped), whether called alone, in a [Join] or by a
-// function of the caller's own; a slot left empty means the peer. The
-// middleware's allow-list reads it, so that an address entry matches the
-// client that the key function found behind the trusted proxies.
+// WithAddressSlot returns a copy of ctx holding slot, where [ClientIP] and
+// [ClientIPFromContext] store the address they resolve (whole), however
+// they are called; a slot left empty means the peer. The middleware's
+// allow-list reads it, to match the client found behind trusted proxies.
 func WithAddressSlot(ctx context.Context, slot *netip.Addr) context.Context {
 	return context.WithValue(ctx, addrSlotKey{}, slot)
 }
 
-// record stores addr in r's address slot, if it has one.
 func record(r *http.Request, addr netip.Addr) {
 	if slot, ok := r.Context().Value(addrSlotKey{}).(*netip.Addr); ok {
 		*slot = addr
@@ -99,11 +76,9 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("keyfuncs: %w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
 
-// Static returns a KeyFunc that always returns key: one bucket shared by
-// every request, a global limit. The key is used as given (it is not
-// namespaced); pick one that cannot be mistaken for the keys of the other
-// KeyFuncs, such as "global". An empty key is an error wrapping
-// [ErrInvalidConfig].
+// Static returns a KeyFunc that returns key for every request, a global
+// limit. The key is not namespaced: pick one unlike other KeyFuncs' keys,
+// such as "global". An empty key is an error wrapping [ErrInvalidConfig].
 func Static(key string) (KeyFunc, error) {
 	if key == "" {
 		return nil, invalid("Static key is empty")
@@ -111,19 +86,12 @@ func Static(key string) (KeyFunc, error) {
 	return func(*http.Request) (string, error) { return key, nil }, nil
 }
 
-// Join combines key functions into one composite key, such as per user per
-// route: the parts in order, separated by '|', each with '\' and '|'
-// escaped by a '\' in front. The encoding is unambiguous: different tuples
-// of parts never give the same key, whatever bytes they contain.
-//
-// The first error of a part is returned wrapped, naming the part's index
-// from 0, so [ErrNoKey] still matches; a part returning an empty key is an
-// error wrapping ErrNoKey. Join with no functions, or with a nil one, is an
-// error wrapping [ErrInvalidConfig].
-//
-// The key is as long as its parts plus one byte between parts and one per
-// escaped byte. Keys from [PeerIP], [PeerIPPrefix], [ClientIP] and [Header]
-// hold no byte to escape; keys from [User], [Route] and [Pattern] may.
+// Join returns a KeyFunc of a composite key, such as per user per route: the
+// parts' keys in order, separated by '|', with '\' and '|' escaped by a '\',
+// so different tuples never share a key. A part's error is returned wrapped,
+// naming its index from 0, and a part's empty key is an error wrapping
+// [ErrNoKey]. No functions, or a nil one, is an error wrapping
+// [ErrInvalidConfig].
 func Join(fns ...KeyFunc) (KeyFunc, error) {
 	if len(fns) == 0 {
 		return nil, invalid("Join needs at least one KeyFunc")
@@ -133,8 +101,7 @@ func Join(fns ...KeyFunc) (KeyFunc, error) {
 	}
 	fns = slices.Clone(fns) // the caller may reuse its slice
 	return func(r *http.Request) (string, error) {
-		// One allocation for the key when it fits the buffer (the parts
-		// allocate their own).
+		// One allocation for the key when it fits.
 		var buf [128]byte
 		b := buf[:0]
 		for i, fn := range fns {
