@@ -329,11 +329,10 @@ func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
 		return res.walk(lines, peer), true
 	}
 	// The last field line is the one the proxy wrote.
-	if len(lines) == 0 || len(lines[len(lines)-1]) > maxForwardedBytes {
-		return peer, true
-	}
-	if addr, ok := parseAddr(trimOWS(lines[len(lines)-1])); ok {
-		return addr, true
+	if n := len(lines); n > 0 && len(lines[n-1]) <= maxForwardedBytes {
+		if addr, ok := parseAddr(trimOWS(lines[n-1])); ok {
+			return addr, true
+		}
 	}
 	return peer, true
 }
@@ -426,7 +425,7 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 	var node string
 	found := false
 	for s := elem; ; {
-		s = s[span(s, isOWSOrSemicolon):]
+		s = s[span(s, func(c byte) bool { return isOWS(c) || c == ';' }):]
 		if s == "" {
 			break
 		}
@@ -483,15 +482,12 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 	return parseAddr(node)
 }
 
-// isObfuscatedChar reports whether c may follow the '_' of an obfuscated
-// RFC 7239 identifier.
+// isObfuscatedChar reports whether c may follow the '_' of an RFC 7239 obfnode.
 func isObfuscatedChar(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 func isOWS(c byte) bool { return c == ' ' || c == '\t' }
-
-func isOWSOrSemicolon(c byte) bool { return isOWS(c) || c == ';' }
 
 // trimOWS trims the spaces and tabs around s (strings.Trim takes 5 times as
 // long, per element walked).

@@ -53,11 +53,7 @@ func User(fn func(ctx context.Context) string) (KeyFunc, error) {
 		return nil, invalid("User function is nil")
 	}
 	return func(r *http.Request) (string, error) {
-		id := fn(r.Context())
-		if id == "" {
-			return "", errNoUser
-		}
-		return subjectKey("user:", id), nil
+		return subjectKey("user:", fn(r.Context()), errNoUser)
 	}, nil
 }
 

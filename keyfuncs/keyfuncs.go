@@ -43,17 +43,18 @@ func appendHash(b []byte, s string) []byte {
 }
 
 // subjectKey returns ns+s, or ns+"#" and the hash of s unless s is at most
-// maxPartLen bytes of printable ASCII. A kept s never starts with '#', so it
-// never poses as a hashed one.
-func subjectKey(ns, s string) string {
+// maxPartLen bytes of printable ASCII, or errEmpty for an empty s. A kept s
+// never starts with '#', so it never poses as a hashed one.
+func subjectKey(ns, s string, errEmpty error) (string, error) {
 	printable := func(c byte) bool { return ' ' <= c && c <= '~' }
-	if len(s) <= maxPartLen && !strings.HasPrefix(s, "#") && span(s, printable) == len(s) {
-		return ns + s
+	switch {
+	case s == "":
+		return "", errEmpty
+	case len(s) <= maxPartLen && !strings.HasPrefix(s, "#") && span(s, printable) == len(s):
+		return ns + s, nil
 	}
 	var buf [16 + 1 + hashLen]byte
-	b := append(buf[:0], ns...)
-	b = append(b, '#')
-	return string(appendHash(b, s))
+	return string(appendHash(append(append(buf[:0], ns...), '#'), s)), nil
 }
 
 type addrSlotKey struct{}

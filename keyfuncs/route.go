@@ -11,10 +11,7 @@ import (
 // registered in the mux, not the mux; an empty pattern is an error wrapping
 // [ErrNoKey].
 func Pattern(r *http.Request) (string, error) {
-	if r.Pattern == "" {
-		return "", errNoPattern
-	}
-	return subjectKey("route:", r.Pattern), nil
+	return subjectKey("route:", r.Pattern, errNoPattern)
 }
 
 var errNoPattern = fmt.Errorf("keyfuncs: %w: no ServeMux pattern (Request.Pattern is empty)", ErrNoKey)
@@ -31,11 +28,7 @@ func Route(fn func(r *http.Request) string) (KeyFunc, error) {
 		return nil, invalid("Route function is nil")
 	}
 	return func(r *http.Request) (string, error) {
-		p := fn(r)
-		if p == "" {
-			return "", errNoRoute
-		}
-		return subjectKey("route:", p), nil
+		return subjectKey("route:", fn(r), errNoRoute)
 	}, nil
 }
 
