@@ -105,11 +105,10 @@ func FromForwarded() IPOption {
 }
 
 // FromHeader reads the client from a header of one address that the trusted
-// proxy overwrites, such as X-Real-IP or CF-Connecting-IP (one that passes
-// the client's value through lets the client choose its key): its last field
-// line, or the peer if that is not one address. An invalid name, or
-// X-Forwarded-For or Forwarded, is an error of the constructor. It needs
-// [TrustProxies].
+// proxy overwrites, such as X-Real-IP (one that passes the client's value
+// through lets the client choose its key): the last field line, or the peer
+// if that is not one address. An invalid name, X-Forwarded-For or Forwarded
+// is an error of the constructor. It needs [TrustProxies].
 func FromHeader(name string) IPOption {
 	canon := http.CanonicalHeaderKey(name)
 	var err error
@@ -202,18 +201,15 @@ func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
 }
 
 // ClientIP returns a KeyFunc that keys a request by its client's address, in
-// the keys of [PeerIP]. The client is the TCP peer unless the peer is inside
-// [TrustProxies]; then the one source ([FromXForwardedFor], [FromForwarded],
-// [FromHeader] or [TrustedHops]) names it, and a header that is missing,
-// malformed or over-long gives the peer. Addresses are read in the forms of
-// RemoteAddr; ambiguous ones ("010.1.1.1") are malformed. A RemoteAddr that
-// does not parse is an error wrapping [ErrNoKey].
-//
-// A source without TrustProxies (it would never read its header), two
-// sources, or an option out of range is an error wrapping [ErrInvalidConfig].
-// An address that [ClientIPMiddleware] stored with the same options is
-// reused. The address is recorded in the request's address slot, if any
-// ([WithAddressSlot]).
+// the keys of [PeerIP]: the TCP peer or, when the peer is inside
+// [TrustProxies], the address that the one source ([FromXForwardedFor],
+// [FromForwarded], [FromHeader] or [TrustedHops]) names; a header that is
+// missing, malformed ("010.1.1.1") or over-long gives the peer. A RemoteAddr
+// that does not parse is an error wrapping [ErrNoKey]. A source without
+// TrustProxies, two sources, or an option out of range is an error wrapping
+// [ErrInvalidConfig]. An address that [ClientIPMiddleware] stored with the
+// same options is reused; the address is recorded in the request's address
+// slot, if any ([WithAddressSlot]).
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -136,21 +137,22 @@ func appendPrefix6(b []byte, addr netip.Addr, bits int) []byte {
 		}
 		b = appendHex16(b, uint16(hi>>(48-16*g)))
 	}
-	b = append(b, "::/"...)
-	if bits >= 10 {
-		b = append(b, byte('0'+bits/10))
-	}
-	return append(b, byte('0'+bits%10))
+	return strconv.AppendInt(append(b, "::/"...), int64(bits), 10)
 }
 
 // appendHex16 appends v in lower-case hexadecimal without leading zeros
-// (strconv.AppendUint takes over twice as long).
+// (strconv.AppendUint takes over ten times as long).
 func appendHex16(b []byte, v uint16) []byte {
 	const digits = "0123456789abcdef"
-	for shift := 12; shift > 0; shift -= 4 {
-		if v>>shift != 0 {
-			b = append(b, digits[v>>shift&0xf])
-		}
+	switch {
+	case v >= 0x1000:
+		b = append(b, digits[v>>12])
+		fallthrough
+	case v >= 0x100:
+		b = append(b, digits[v>>8&0xf])
+		fallthrough
+	case v >= 0x10:
+		b = append(b, digits[v>>4&0xf])
 	}
 	return append(b, digits[v&0xf])
 }
