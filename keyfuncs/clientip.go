@@ -124,8 +124,8 @@ func FromHeader(name string) IPOption {
 // that cannot be listed and each append one address: the address n places
 // from the right, the peer being hop 0 (TrustedHops(2) behind a CDN and a
 // load balancer). [TrustProxies] then only says whose headers are read.
-// Fewer than n addresses, or a malformed one, gives the peer. n outside
-// [1, MaxForwarded] is an error of the constructor.
+// Fewer than n addresses, or a malformed one, gives the peer. An n below 1
+// or above [MaxForwarded] is an error of the constructor.
 func TrustedHops(n int) IPOption {
 	var err error
 	if n < 1 {
@@ -478,7 +478,8 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 	return parseAddr(node)
 }
 
-// isObfuscatedChar reports whether c may follow the '_' of an RFC 7239 obfnode.
+// isObfuscatedChar reports whether c may follow the '_' of an obfuscated
+// RFC 7239 node or port.
 func isObfuscatedChar(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
