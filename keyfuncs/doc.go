@@ -14,12 +14,10 @@
 // Any client can send any header; a proxy appends to X-Forwarded-For or
 // Forwarded, or overwrites a single-address header. So [PeerIP] reads no
 // header, and [ClientIP] reads one only from a peer inside [TrustProxies]
-// (none by default), walking lists from the right, the end your proxies
-// wrote: the first untrusted address is the client. The leftmost address is
-// whatever the client wrote: reading it would let a client take a fresh
-// bucket per request, or charge its requests to a victim. Malformed headers
-// give the peer. IPv6 clients are grouped by /64, which one client can
-// rotate through.
+// (none by default), from the right, the end your proxies wrote: the client
+// is the first untrusted address, never the leftmost, which a client could
+// set to a fresh value per request or to a victim's. Malformed headers give
+// the peer. IPv6 is grouped by /64, which one client can rotate through.
 //
 // # Example
 //
