@@ -236,9 +236,8 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 	err = fmt.Errorf("middleware: %s: %w", c.name, err)
 	l.reportConfig(err)
 	for i := range q.p.policies {
-		pol := &q.p.policies[i]
-		l.observe(r, pol.event, Event{Kind: EventError, Key: q.subjects[i], Cost: q.cost, Latency: q.latency, Err: err})
-		l.observe(r, pol.event, Event{Kind: EventFallback, Key: q.subjects[i], Cost: q.cost, Policy: c.policy, Err: err, DryRun: c.dryRun})
+		l.report(r, q, i, Event{Kind: EventError, Latency: q.latency, Err: err})
+		l.report(r, q, i, Event{Kind: EventFallback, Policy: c.policy, Err: err, DryRun: c.dryRun})
 	}
 	switch {
 	case c.policy.kind == failClosed && !c.dryRun:
@@ -410,55 +409,42 @@ func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error 
 }
 
 // wait holds an allowed request until its tokens are due (WithDelay). A
-// request whose context ends first (a deadline of the server's, before its
-// tokens or while it waits) gets its tokens given back and a refusal,
-// retried when they are due; if the client went away it reports false:
-// nothing to answer.
+// request whose deadline (the server's) comes first, before its tokens or
+// while it waits, gets its tokens given back and a refusal, retried when
+// they are due; if the client went away it reports false: nothing to answer.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
 	d := q.delay()
 	if d <= 0 || l.cfg.dryRun {
 		return true
 	}
-	ctx := r.Context()
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
-		l.refuseLate(r, q, d)
-		return true
-	}
-	start := time.Now()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		for i := range q.res {
-			q.res[i] = aged(q.res[i], d)
-		}
-		return true
-	case <-ctx.Done():
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			l.refuseLate(r, q, d-time.Since(start))
+	ctx, left, late := r.Context(), d, true
+	if deadline, ok := ctx.Deadline(); !ok || time.Until(deadline) >= d {
+		start := time.Now()
+		select {
+		case <-time.After(d):
+			for i := range q.res {
+				q.res[i] = aged(q.res[i], d)
+			}
 			return true
+		case <-ctx.Done():
+			left, late = d-time.Since(start), errors.Is(ctx.Err(), context.DeadlineExceeded)
 		}
-		l.giveBack(r, q, q.storeKeys(), false)
+	}
+	l.giveBack(r, q, q.storeKeys(), false)
+	if !late {
 		for i := range q.p.policies {
-			l.observe(r, q.p.policies[i].event, Event{Kind: EventAbandoned, Key: q.subjects[i], Cost: q.cost,
-				Latency: q.latency, Result: q.res[i], Delay: d})
+			l.report(r, q, i, Event{Kind: EventAbandoned, Latency: q.latency, Result: q.res[i], Delay: d})
 		}
 		return false
 	}
-}
-
-// refuseLate gives back the tokens of a request that cannot wait for them
-// and makes its results a refusal, to retry in d.
-func (l *Limiter) refuseLate(r *http.Request, q *request, d time.Duration) {
-	l.giveBack(r, q, q.storeKeys(), false)
-	for i, res := range q.res {
-		res.ResetAfter -= tokenTime(res.Limit, q.cost, false) // the bucket without them
+	for i, res := range q.res { // a refusal, of the bucket without its tokens
+		res.ResetAfter -= tokenTime(res.Limit, q.cost, false)
 		res = aged(res, 0)
-		res.Allowed, res.RetryAfter, res.Delay = false, max(d, time.Microsecond), 0
+		res.Allowed, res.RetryAfter, res.Delay = false, max(left, time.Microsecond), 0
 		q.res[i] = res
 	}
-	q.refund = q.refund[:0] // nothing more to give back
-	q.late = true
+	q.refund, q.late = q.refund[:0], true // nothing more to give back
+	return true
 }
 
 // aged returns res as it stands d later if nothing else takes from its
@@ -478,6 +464,12 @@ func (l *Limiter) observe(r *http.Request, name string, e Event) {
 		}
 		o.Observe(e)
 	}
+}
+
+// report sends e, an event of policy i of q, to the observer.
+func (l *Limiter) report(r *http.Request, q *request, i int, e Event) {
+	e.Key, e.Cost = q.subjects[i], q.cost
+	l.observe(r, q.p.policies[i].event, e)
 }
 
 // respond reports the decision, writes its headers and serves or refuses
@@ -502,8 +494,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	for i := range pols {
 		pol := &pols[i]
 		if c.observer != nil {
-			l.observe(r, pol.event, Event{Kind: kind, Key: q.subjects[i], Cost: q.cost, Latency: q.latency,
-				Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
+			l.report(r, q, i, Event{Kind: kind, Latency: q.latency, Result: q.res[i], Local: q.local, DryRun: c.dryRun, Delay: delay})
 		}
 		if q.res[i].RetryAfter > q.res[violated].RetryAfter {
 			violated = i
@@ -654,10 +645,10 @@ func (l *Limiter) inBlock(res store.Result) bool {
 func (l *Limiter) strike(r *http.Request, q *request) {
 	p, d := l.cfg.penalty, l.cfg.delay
 	keys := q.storeKeys()
-	ctx := context.WithoutCancel(r.Context())
+	strikes, ctx := "}"+keys[0], context.WithoutCancel(r.Context())
 	var res store.Result
 	err := l.call(ctx, func(ctx context.Context) (err error) {
-		res, err = l.store.Take(ctx, "}"+keys[0], p.strikes(), 1)
+		res, err = l.store.Take(ctx, strikes, p.strikes(), 1)
 		return err
 	})
 	if err == nil && (!res.Allowed || res.Remaining > 0) {
@@ -688,19 +679,15 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 				}
 				q.res[i] = res
 			}
-			return l.admin.Reset(ctx, "}"+keys[0])
+			return l.admin.Reset(ctx, strikes)
 		})
 	}
-	if err != nil {
-		if !errors.Is(err, ErrBreakerOpen) { // reported when it opened
-			l.storeErrors.Add(1)
-			l.observe(r, q.p.policies[0].event, Event{Kind: EventError, Key: q.subjects[0], Cost: q.cost,
-				Err: fmt.Errorf("middleware: %s: penalty: %w", l.cfg.name, err)})
-		}
-		return
-	}
-	if l.deny != nil {
+	switch {
+	case err == nil && l.deny != nil:
 		l.deny.denied(q.keyOf(0), q.p.policies[0].limit, q.cost, q.res[0])
+	case err != nil && !errors.Is(err, ErrBreakerOpen): // reported when it opened
+		l.storeErrors.Add(1)
+		l.report(r, q, 0, Event{Kind: EventError, Err: fmt.Errorf("middleware: %s: penalty: %w", l.cfg.name, err)})
 	}
 }
 
