@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,21 +65,22 @@ type Stats struct {
 // New returns a Limiter that decides requests on s under limit. It checks
 // the limit and every option, and returns an error naming what is wrong.
 func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
-	l, err := newLimiter(s, limit, opts)
-	if err != nil {
-		return nil, err
-	}
-	pol, err := l.newPolicy("", l.cfg.name, limit, l.cfg.keyFunc, false)
-	if err != nil {
-		return nil, err
-	}
-	l.def = newPlan(pol)
-	return l, nil
+	return newLimiter(s, Tiers{Plans: map[string][]Policy{"": {{Limit: limit}}}}, opts, false)
 }
 
-// newLimiter returns a Limiter of s and opts without plans, named after
-// limit unless WithName names it.
-func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, error) {
+// newLimiter returns a Limiter of s and opts deciding the plans of t, tagged
+// for a Multi's (see appendSubject). New's is one policy of the limiter.
+func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, error) {
+	if _, ok := s.(store.MultiStore); !ok && tagged && s != nil {
+		return nil, fmt.Errorf("middleware: %T cannot decide several limits at once (store.MultiStore)", s)
+	}
+	defPlan, ok := t.Plans[t.Default]
+	if !ok || len(defPlan) == 0 {
+		return nil, fmt.Errorf("middleware: Tiers: the default tier %q has no policies", t.Default)
+	}
+	if len(t.Plans) > 1 && t.Of == nil {
+		return nil, errors.New("middleware: Tiers: several plans but no Of function")
+	}
 	if s == nil {
 		return nil, errors.New("middleware: nil store")
 	}
@@ -87,7 +89,7 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 			return nil, fmt.Errorf("middleware: %w", err)
 		}
 	}
-	if err := limit.Validate(); err != nil {
+	if err := defPlan[0].Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("middleware: %w", err)
 	}
 	l := &Limiter{store: s, site: site()}
@@ -107,7 +109,7 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 		}
 	}
 	if l.cfg.name == "" {
-		l.cfg.name = DefaultName(limit) + "@" + l.site
+		l.cfg.name = DefaultName(defPlan[0].Limit) + "@" + l.site
 	}
 	_, mem := s.(*store.Memory)
 	l.bound = !mem
@@ -135,6 +137,30 @@ func newLimiter(s store.Store, limit store.Limit, opts []Option) (*Limiter, erro
 		// nearest to full, which only the fallback feels.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
+	l.of, l.plans = t.Of, map[string]*plan{}
+	for tier, pols := range t.Plans {
+		switch {
+		case len(pols) == 0:
+			return nil, fmt.Errorf("middleware: Tiers: tier %q has no policies", tier)
+		case len(pols) > 1 && l.deny != nil:
+			return nil, fmt.Errorf("middleware: WithDenyCache: tier %q has several policies, which the store decides together (the deny cache keeps one bucket's denials)", tier)
+		case tier != "" && (checkName("", tier) != nil || strings.Contains(tier, "/")):
+			return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
+		}
+		var ps []policy
+		for _, pol := range pols {
+			q, err := l.policyOf(tier, pol, tagged)
+			if err != nil {
+				return nil, err
+			}
+			if slices.ContainsFunc(ps, func(o policy) bool { return o.name == q.name }) {
+				return nil, fmt.Errorf("middleware: tier %q: two policies named %q", tier, q.name)
+			}
+			ps = append(ps, q)
+		}
+		l.plans[tier] = newPlan(ps...)
+	}
+	l.def = l.plans[t.Default]
 	return l, nil
 }
 

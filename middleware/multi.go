@@ -1,10 +1,8 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 
 	"github.com/tollgate-go/tollgate/keyfuncs"
@@ -65,48 +63,17 @@ func NewMulti(s store.Store, policies []Policy, opts ...Option) (*Multi, error) 
 // NewTiered returns middleware that enforces on each request the policies
 // of its tier.
 func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
-	if _, ok := s.(store.MultiStore); !ok && s != nil {
-		return nil, fmt.Errorf("middleware: %T cannot decide several limits at once (store.MultiStore)", s)
-	}
-	defPlan, ok := t.Plans[t.Default]
-	if !ok || len(defPlan) == 0 {
-		return nil, fmt.Errorf("middleware: Tiers: the default tier %q has no policies", t.Default)
-	}
-	if len(t.Plans) > 1 && t.Of == nil {
-		return nil, errors.New("middleware: Tiers: several plans but no Of function")
-	}
-	l, err := newLimiter(s, defPlan[0].Limit, opts)
+	l, err := newLimiter(s, t, opts, true)
 	if err != nil {
 		return nil, err
 	}
-	l.of, l.plans = t.Of, map[string]*plan{}
-	for tier, pols := range t.Plans {
-		switch {
-		case len(pols) == 0:
-			return nil, fmt.Errorf("middleware: Tiers: tier %q has no policies", tier)
-		case len(pols) > 1 && l.deny != nil:
-			return nil, fmt.Errorf("middleware: WithDenyCache: tier %q has several policies, which the store decides together (the deny cache keeps one bucket's denials)", tier)
-		case tier != "" && (checkName("", tier) != nil || strings.Contains(tier, "/")):
-			return nil, fmt.Errorf("middleware: Tiers: tier %q: printable ASCII without '{', '}', ':' or '/'", tier)
-		}
-		var ps []policy
-		for _, pol := range pols {
-			q, err := l.policyOf(tier, pol)
-			if err != nil {
-				return nil, err
-			}
-			if slices.ContainsFunc(ps, func(o policy) bool { return o.name == q.name }) {
-				return nil, fmt.Errorf("middleware: tier %q: two policies named %q", tier, q.name)
-			}
-			ps = append(ps, q)
-		}
-		l.plans[tier] = newPlan(ps...)
-	}
-	l.def = l.plans[t.Default]
 	return &Multi{l}, nil
 }
 
-func (l *Limiter) policyOf(tier string, p Policy) (policy, error) {
+func (l *Limiter) policyOf(tier string, p Policy, tagged bool) (policy, error) {
+	if !tagged {
+		return l.newPolicy("", l.cfg.name, p.Limit, l.cfg.keyFunc, false)
+	}
 	if err := p.Limit.Validate(); err != nil {
 		return policy{}, fmt.Errorf("middleware: tier %q: %w", tier, err)
 	}
