@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -45,15 +46,11 @@ func newFieldCache(p headers.Profile, name string, l store.Limit) *fieldCache {
 // write adds q's fields to h, as headers.Write does.
 func (c *fieldCache) write(h http.Header, q headers.Quota, now time.Time) {
 	fs := c.set(q)
-	if fs != nil {
-		for _, k := range fs.keys {
-			if len(h[k]) != 0 { // a field to merge with
-				fs = nil
-				break
-			}
-		}
+	if fs == nil || slices.ContainsFunc(fs.keys, func(k string) bool { return len(h[k]) != 0 }) { // a field to merge with
+		headers.Write(h, c.profile, q, now)
+		return
 	}
-	c.put(h, fs, q, now)
+	fs.put(h)
 }
 
 // set returns the fields of q from the cache, or nil if they depend on more
@@ -73,12 +70,8 @@ func (c *fieldCache) set(q headers.Quota) *fieldSet {
 	return fs
 }
 
-// put puts fs in h, which holds none of its fields, or writes q if fs is nil.
-func (c *fieldCache) put(h http.Header, fs *fieldSet, q headers.Quota, now time.Time) {
-	if fs == nil {
-		headers.Write(h, c.profile, q, now)
-		return
-	}
+// put puts fs in h, which holds none of its fields.
+func (fs *fieldSet) put(h http.Header) {
 	for i, k := range fs.keys {
 		h[k] = fs.vals[i : i+1 : i+1]
 	}
@@ -103,11 +96,11 @@ func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
 func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
 	fs := c.set(q)
 	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds
-		c.put(h, nil, q, now)
+		headers.Write(h, c.profile, q, now)
 		headers.WriteRetryAfter(h, retryAfter)
 		return
 	}
-	c.put(h, fs, q, now)
+	fs.put(h)
 	secs := max(headers.Seconds(retryAfter), 1, fs.floor)
 	if secs < int64(len(retryValues)) {
 		h["Retry-After"] = retryValues[secs][:1:1]
