@@ -45,9 +45,8 @@ type policy struct {
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
 
-// request is one request's decision, pooled so that a plan of one policy
-// allocates nothing (on the stack, its slices would escape through the
-// Observer's strings).
+// request is one request's decision, pooled: on the stack, its slices would
+// escape through the Observer's strings.
 type request struct {
 	p        *plan
 	cost     int
@@ -83,7 +82,6 @@ func (q *request) release() {
 	}
 }
 
-// keyOf returns the store key of policy i.
 func (q *request) keyOf(i int) []byte {
 	start := 0
 	if i > 0 {
@@ -92,7 +90,6 @@ func (q *request) keyOf(i int) []byte {
 	return q.key[start:q.ends[i]]
 }
 
-// subject returns the subject in the store key of policy i.
 func (q *request) subject(i int) []byte {
 	k, pol := q.keyOf(i), &q.p.policies[i]
 	if pol.tagged {
@@ -120,9 +117,8 @@ func (q *request) delay() (d time.Duration) {
 	return d
 }
 
-// own reports whether policy i keys by the subject of the first, whose
-// strikes and block are the penalty's: a Multi's global or per-route
-// policy is nobody's to block.
+// own reports whether policy i keys by the subject of the first, the
+// penalty's: a Multi's global or per-route policy is nobody's to block.
 func (q *request) own(i int) bool {
 	return i == 0 || bytes.Equal(q.subject(i), q.subject(0))
 }
@@ -206,9 +202,8 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if l.local != nil && q.cost > 0 && !q.local && allAllowed(q.res) {
 		// The local buckets follow what this server let through, so that a
-		// switch to FailLocal starts from them: a client that was flooding
-		// gets no fresh burst per outage. (One Memory decision per allowed
-		// request, 0.1-0.5 µs, against tens of µs for the Redis round trip.)
+		// flooding client gets no fresh burst per outage (0.1-0.5 µs per
+		// allowed request, against tens of µs for the Redis round trip).
 		l.takeLocal(r.Context(), q, true)
 	}
 	if !q.local && !l.wait(r, q) {
@@ -223,10 +218,9 @@ func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler
 	next.ServeHTTP(w, r)
 }
 
-// fallBack handles a store error by the failure policy. It reports whether
-// q was decided locally (FailLocal); if not, it has refused the request
-// (FailClosed), served it unlimited (FailOpen, or a cost a local share
-// cannot hold), or left it if the client went away.
+// fallBack applies the failure policy to a store error, and reports whether
+// q was decided locally (FailLocal); if not, the request was refused,
+// served unlimited (also a cost a local share cannot hold), or has gone.
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
 	if gone(r.Context()) {
@@ -274,12 +268,11 @@ func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) 
 	return pol.appendSubject(b, subject), subject, err
 }
 
-// appendSubject appends the store key of subject to b (the store prefixes
-// it): "<name>:<subject>" for a Limiter; "<name>:{<subject>}" for a Multi,
-// whose braces make the subject the Redis Cluster hash tag, so that the
-// policies of one subject share a slot and one script call. A Limiter's
-// subject that holds a brace, as the route pattern "GET /items/{id}" does,
-// gives "{<name>:<subject>}", so that its own braces pick no slot.
+// appendSubject appends the store key of subject to b: "<name>:<subject>"
+// for a Limiter; "<name>:{<subject>}" for a Multi, so that the policies of
+// one subject share a Redis Cluster slot and one script call. A Limiter's
+// subject with a brace ("GET /items/{id}") gives "{<name>:<subject>}", so
+// that its braces pick no slot.
 func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	braced := !pol.tagged && strings.IndexByte(subject, '{') >= 0
 	if braced {
@@ -292,8 +285,8 @@ func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	return b
 }
 
-// decide puts in q.res the store's answer for every policy, from the deny
-// cache if it refuses it, else through the breaker within the budget.
+// decide puts in q.res the answer for every policy: the deny cache's
+// refusal, else the store's through the breaker within the budget.
 func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
 	// Plans of one policy. A read takes nothing: never refused locally; nor
@@ -395,9 +388,8 @@ func (q *request) take(ctx context.Context, s store.Store, local, mirror bool, d
 
 // takeLocal decides q on FailLocal's store under the local shares; a
 // mirror of what the store allowed follows its wait and leaves q.res alone.
+// A sweep is a goroutine that ends with it: a Limiter has no Close.
 func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error {
-	// The local store is swept by a goroutine that ends with the sweep: a
-	// Limiter has no Close that could stop a sweeper.
 	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
 		go l.local.Sweep()
 	}
@@ -447,8 +439,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 	return true
 }
 
-// aged returns res as it stands d later if nothing else takes from its
-// bucket: the headers of a request that waited d describe the state after.
+// aged returns res as it stands d later if nothing else takes from it.
 func aged(res store.Result, d time.Duration) store.Result {
 	res.ResetAfter = max(res.ResetAfter-d, 0)
 	res.Remaining = tokensAt(res.Limit, res.ResetAfter)
@@ -543,7 +534,7 @@ func (pol *policy) quota(res store.Result) headers.Quota {
 }
 
 // newPolicy returns the policy named name (already checked) of limit, in
-// tier; tagged for a Multi's (see appendSubject).
+// tier; tagged for a Multi's.
 func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
 	c := &l.cfg
 	if err := limit.ValidateDelay(c.delay); err != nil {
@@ -569,8 +560,8 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 		pol.hdr = newFieldCache(c.profile, name, limit)
 	}
 	if l.local != nil {
-		// The same rate over n times the period: exactly 1/n of it; a
-		// window quota's share, 1/n of its count in the same windows.
+		// The same rate over n times the period; a window quota's share,
+		// 1/n of its count in the same windows.
 		n := c.policy.replicas
 		pol.local = store.Limit{Rate: limit.Rate, Period: limit.Period * time.Duration(n), Burst: max(1, limit.Burst/n)}
 		if limit.Window != nil {
@@ -585,9 +576,8 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 	return pol, nil
 }
 
-// serveWatched serves the request, then gives its cost back to every
-// policy's bucket if the refund rule says so, and counts a strike if the
-// penalty's Failed does.
+// serveWatched serves the request, then refunds it if the refund rule says
+// so, and counts a strike if the penalty's Failed does.
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
@@ -629,19 +619,18 @@ func (q *request) refusedOwn() bool {
 }
 
 // inBlock reports whether res's bucket is further from full than a whole
-// bucket and the WithDelay queue (and the µs the store rounds up), where
-// no take can put it: a block, until its last Burst tokens refill.
+// bucket, the WithDelay queue and the store's rounding: where only a
+// block can put it.
 func (l *Limiter) inBlock(res store.Result) bool {
 	return res.Limit.Window == nil && // a window quota is never blocked
 		res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
-// strike counts a strike against q's subject, in the bucket "}<store key of
-// its first policy>" ('}' begins no limiter's key); the one that spends the
-// last of them blocks the subject's own buckets not blocked yet (by a
-// request that struck concurrently), forgives the strikes, and turns their
-// results into what the store now says. Each step runs under the budget,
-// even after the client has gone.
+// strike counts a strike against q's subject, in the bucket "}<first store
+// key>" ('}' begins no limiter's key); the last strike blocks the subject's
+// own buckets not blocked yet (by a concurrent strike), forgives the
+// strikes and puts what the store now says in q.res. Each step runs under
+// the budget, even after the client has gone.
 func (l *Limiter) strike(r *http.Request, q *request) {
 	p, d := l.cfg.penalty, l.cfg.delay
 	keys := q.storeKeys()
@@ -691,9 +680,8 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 	}
 }
 
-// giveBack gives q's cost back to every policy's bucket, keys[i] that of
-// policy i (but the subject's own if notOwn), within the budget even if the
-// client has gone. A refund that fails is reported: the tokens stay taken.
+// giveBack gives q's cost back to policy i's bucket keys[i] (but not the
+// subject's own if notOwn), within the budget even if the client has gone.
 func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bool) {
 	failed := func(err error) {
 		l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: q.cost, Err: fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)})
@@ -721,8 +709,8 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bo
 		if _, err := l.store.(store.Refunder).Refund(ctx, key, pol.limit, q.cost); err != nil { // checked by New
 			failed(err)
 		} else if l.deny != nil {
-			// Tokens came back: a denial cached meanwhile may be wrong now.
-			// (Other servers' caches keep theirs until they expire.)
+			// A denial cached meanwhile may be wrong now (other servers'
+			// caches keep theirs until they expire).
 			l.deny.forget([]byte(key))
 		}
 	}

@@ -18,10 +18,9 @@ import (
 // says otherwise.
 const DefaultTimeout = 100 * time.Millisecond
 
-// FailurePolicy says what happens to a request when the store cannot decide
-// it (an error, or no answer within the timeout): [FailOpen], [FailClosed]
-// (or [FailClosedWith]) or [FailLocal] (or [FailLocalShare]). The default is
-// FailLocal; the zero value is FailOpen.
+// FailurePolicy says what happens to a request the store cannot decide (an
+// error, or no answer within the timeout): [FailOpen], [FailClosed] or
+// [FailLocal]. The default is FailLocal; the zero value is FailOpen.
 type FailurePolicy struct {
 	kind       failKind
 	replicas   int           // FailLocal: servers sharing the limit
@@ -39,20 +38,17 @@ const (
 )
 
 var (
-	// FailOpen serves the request unlimited, without rate-limit headers.
-	// Choose it only where serving matters more than the limit: any store
-	// stall longer than the budget then lets a flood through, for as long
-	// as the breaker stays open.
+	// FailOpen serves the request unlimited, without rate-limit headers:
+	// any store stall longer than the budget lets a flood through.
 	FailOpen = FailurePolicy{}
 	// FailClosed refuses the request with 503 Service Unavailable and
 	// Retry-After: 1, for endpoints such as a login, where unlimited
 	// traffic is worse than none.
 	FailClosed = FailurePolicy{kind: failClosed, status: http.StatusServiceUnavailable, retryAfter: time.Second}
 	// FailLocal, the default, decides on an in-process Memory store under
-	// the whole limit (see [FailLocalShare]): an API stays up while Redis
-	// is down or slow, and a flood gets at most each server's own bucket.
-	// The local buckets follow what the server let through, so an outage
-	// gives nobody a fresh burst.
+	// the whole limit (see [FailLocalShare]): a flood gets at most each
+	// server's bucket. The local buckets follow what the server let
+	// through, so an outage gives nobody a fresh burst.
 	FailLocal = FailurePolicy{kind: failLocal, replicas: 1}
 )
 
@@ -104,7 +100,6 @@ type config struct {
 	allowKeys       map[string]bool
 }
 
-// option returns an Option that fails with err, or applies set.
 func option(err error, set func(*config)) Option {
 	return func(c *config) error {
 		if err == nil {
@@ -121,19 +116,18 @@ func failIf(bad bool, format string, args ...any) error {
 	return fmt.Errorf(format, args...)
 }
 
-// WithName sets the limiter's name: its buckets are "<name>:<subject>", and
-// its policy in the RateLimit headers is name. Limiters of one name on one
-// store share their buckets (replicas, route groups under one budget). The
+// WithName sets the limiter's name, printable ASCII without '{', '}', ':':
+// its buckets are "<name>:<subject>" and its policy in the RateLimit headers
+// is name, so limiters of one name on one store share their buckets. The
 // default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
 // where [New] was called and how many limiters that place made before: no
-// two limiters of a process share buckets, and replicas share theirs while
-// they run the same code. The name is printable ASCII without '{', '}', ':'.
+// two limiters of a process share buckets; replicas of the same code do.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
 
-// checkName returns the error of option what for a name that could make
-// keys collide or pin a Redis Cluster slot.
+// checkName refuses a name that could make keys collide or pin a Redis
+// Cluster slot, for option what.
 func checkName(what, name string) error {
 	switch {
 	case name == "":
@@ -161,9 +155,9 @@ func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
 
-// WithTimeout sets the budget for one store decision (positive; default
-// [DefaultTimeout]), past which the failure policy decides. The Memory
-// store, which never waits, has none.
+// WithTimeout sets the budget for one store decision (default
+// [DefaultTimeout]), past which the failure policy decides; a Memory store
+// has none.
 func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }
@@ -177,10 +171,9 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // WithBreaker configures the circuit breaker in front of the store (default
 // [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0 disables
 // it): after failures consecutive errors or timeouts the failure policy
-// decides at once, until a probe after cooldown succeeds (see
-// [BreakerState]). A probe that fails, panics, is abandoned or outlasts a
-// cooldown is a failure: the breaker always probes again. Transitions go to
-// the [Observer], or without one to [slog.Default].
+// decides at once until a probe after cooldown succeeds ([BreakerState]);
+// a probe that fails, panics, is abandoned or outlasts a cooldown is a
+// failure. Transitions go to the [Observer], or to [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
@@ -201,11 +194,10 @@ func WithDelay(max time.Duration) Option {
 // WithDenyCache makes the limiter remember the store's denials of up to
 // maxKeys keys (default 0: off; about 150 bytes each), so that a flood from
 // one client is refused without asking the store: a key denied at cost c is
-// refused locally at cost c or more until the store's Retry-After (sound:
-// tokens only return with time, so a local refusal may outlast the store's
-// by a round trip, never end earlier), then one request probes the store.
-// It is off by default because a bucket reset in the store stays refused
-// here (see [Limiter.Forget]). Dry-run mode does not use it.
+// refused locally at cost c or more until the store's Retry-After (tokens
+// only return with time), then one request probes the store. A bucket
+// reset in the store stays refused here (see [Limiter.Forget]). Dry-run
+// mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
@@ -290,13 +282,12 @@ type Penalty struct {
 // its requests within about Within were refused (429) or, with Failed,
 // failed, its buckets refuse every request that costs tokens for Block
 // (plus the WithDelay wait), then refill at the rate. On a [Multi] the key
-// is the first policy's subject; policies of other subjects are neither
+// is the first policy's subject; other subjects' policies are neither
 // blocked nor strikes. The block is the buckets' own state
-// ([store.Admin].Block), seen by every server (a 429's Retry-After is the
-// time left) and by this server's FailLocal share. A block counts no strikes and its requests get no refund (with
-// refunds or Failed, one more store call reads the bucket). A strike is a
-// store call; a failed one is lost, and the failure policy's decisions and
-// dry-run mode count none. The store must be a [store.Admin].
+// ([store.Admin].Block), seen by every server and this server's FailLocal
+// share. A block counts no strikes and gets no refunds (with refunds or
+// Failed, one more store call reads the bucket). A strike is a store call,
+// lost if it fails; the failure policy and dry-run mode count none.
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
@@ -304,7 +295,6 @@ func WithPenalty(p Penalty) Option {
 		failIf(err != nil, "WithPenalty: %w", err)), func(c *config) { c.penalty = &p })
 }
 
-// strikes is the Limit of a key's strikes.
 func (p *Penalty) strikes() store.Limit {
 	return store.Limit{Rate: p.Strikes, Period: p.Within, Burst: p.Strikes}
 }
@@ -313,9 +303,7 @@ func (p *Penalty) strikes() store.Limit {
 // when the client's address is in an entry's network ("10.0.0.0/8",
 // "2001:db8::1") or the subject is an entry that is a key ("user:admin").
 // The address is the one [keyfuncs.ClientIPMiddleware] resolved, else the
-// one the key function resolved through trusted proxies ([keyfuncs.ClientIP]
-// records it), else the TCP peer, which behind a load balancer is the
-// balancer.
+// one [keyfuncs.ClientIP] resolved as the key, else the TCP peer.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -340,7 +328,7 @@ func WithAllowList(entries ...string) Option {
 }
 
 // parseAllowNet reads an allow-list entry as an address or a prefix (ok),
-// or says it is none (a key), or a malformed one.
+// a key (!ok), or an error.
 func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
 	addr, bits, isPrefix := strings.Cut(e, "/")
 	a, err := netip.ParseAddr(addr)
@@ -386,7 +374,6 @@ func (c *config) allowedAddr(a netip.Addr) bool {
 	return false
 }
 
-// peerAddr returns r's TCP peer address, or the zero Addr.
 func peerAddr(r *http.Request) netip.Addr {
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 		return ap.Addr()
