@@ -12,10 +12,9 @@ import (
 
 // denyCache remembers, per store key, the store's last denial: until the
 // time the store gave for the denied cost to succeed, a request of that
-// cost or more under the same limit is refused locally. That is sound
-// because a bucket only gains tokens with time (other servers only take
-// them away), and times are read on the monotonic clock after the store's
-// reply: an entry can only err late, never early. It is sharded, so that no
+// cost or more under the same limit is refused locally. A bucket only gains
+// tokens with time, and times are read on the monotonic clock after the
+// store's reply: an entry can only err late. It is sharded, so that no
 // process-wide lock is on the request path, and bounded (see makeRoom).
 type denyCache struct {
 	shards   []denyShard
@@ -26,8 +25,7 @@ type denyCache struct {
 }
 
 // A denyID names a store key by two seeded 64-bit hashes (a 2^-128 chance
-// for two keys to share an entry, which no caller can aim at), so that the
-// cache's memory does not grow with the keys' length.
+// for two keys to share an entry), whatever the key's length.
 type denyID [2]uint64
 
 type denyShard struct {
@@ -38,10 +36,9 @@ type denyShard struct {
 }
 
 // denyEntry is one denial: a request under limit of cost at least cost is
-// refused until retryAt. From then, the first request that reads it is the
-// probe and asks the store; until the probe's answer (or until retryAt +
-// window), the others are still refused, since the tokens that came back
-// are the probe's: the next cost tokens come window later.
+// refused until retryAt. Then the first request that reads it probes the
+// store; until its answer (or retryAt + window) the others are refused: the
+// tokens that came back are the probe's.
 type denyEntry struct {
 	limit   store.Limit
 	cost    int
@@ -60,8 +57,7 @@ const (
 	denyProbe                    // ask the store, and report the answer to probed
 )
 
-// Bounds of the shard count, a power of two: enough shards for the lock not
-// to matter, few enough that each holds a useful number of entries.
+// Bounds of the shard count, a power of two.
 const (
 	maxDenyShards    = 32
 	minDenyShardKeys = 16
@@ -128,9 +124,9 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 	return denyMiss, res, 0
 }
 
-// refusal is the Result of a request of cost refused at now by e, whose
-// cost can next succeed at retryAt and whose bucket is full at resetAt:
-// what the store would answer, as far as e knows.
+// refusal is what the store would answer, as far as e knows, to a request
+// of cost at now, when e's cost can succeed at retryAt and its bucket is
+// full at resetAt.
 func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
 	if cost > e.cost { // the extra tokens take longer to come
 		retryAt += tokenTime(e.limit, cost-e.cost, false)
@@ -184,7 +180,7 @@ func tokenTime(lim store.Limit, cost int, up bool) time.Duration {
 }
 
 // denied records the store's denial res of a request of cost under lim,
-// replacing any entry of key. It reads the clock now, after the reply.
+// replacing any entry of key.
 func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Result) {
 	if res.RetryAfter <= 0 || cost <= 0 {
 		return // nothing to refuse locally
@@ -209,9 +205,8 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 // forget drops the entry of key, if any.
 func (d *denyCache) forget(key []byte) { d.probed(key, 0) }
 
-// probed reports that the probe of the entry gen of key was not denied
-// (allowed, or the store failed): the entry goes, unless it has been
-// recorded again since. Gen 0, which no entry has, drops any.
+// probed drops the entry gen of key, whose probe was not denied, unless it
+// has been recorded again since; gen 0 drops any.
 func (d *denyCache) probed(key []byte, gen uint64) {
 	sh, k := d.lookup(key)
 	sh.mu.Lock()
@@ -222,9 +217,8 @@ func (d *denyCache) probed(key []byte, gen uint64) {
 	sh.mu.Unlock()
 }
 
-// makeRoom drops, among a sample of a full shard's entries, those that can
-// refuse nothing more, or if there are none the one that expires first.
-// The caller holds sh.mu.
+// makeRoom drops, among a sample of a full shard's entries (sh.mu held),
+// those that refuse nothing more, or else the one that expires first.
 func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	var victim denyID
 	var victimUntil time.Duration

@@ -21,13 +21,11 @@ import (
 )
 
 var (
-	// ErrCostOutOfRange is wrapped by the error given to the key-error
-	// handler and the Observer's EventError when a request's cost is below
-	// 0 or above the limit's Burst.
+	// ErrCostOutOfRange is wrapped by the error of a request whose cost is
+	// below 0 or above the limit's Burst (the key-error handler's, EventError's).
 	ErrCostOutOfRange = errors.New("middleware: cost out of range")
-	// ErrBreakerOpen is wrapped by the error of an EventError for a
-	// decision that took the failure policy because the circuit breaker is
-	// open.
+	// ErrBreakerOpen is wrapped by the EventError of a decision left to the
+	// failure policy because the circuit breaker is open.
 	ErrBreakerOpen = errors.New("middleware: circuit breaker open")
 )
 
@@ -132,9 +130,8 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
-		// No sweeper goroutine, so nothing to close (see takeLocal). Past
-		// localMaxKeys (about 8 MB) the local limit forgets the buckets
-		// nearest to full, which only the fallback feels.
+		// No sweeper goroutine (see takeLocal). Past localMaxKeys (about 8
+		// MB) it forgets the buckets nearest to full.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	l.of, l.plans = t.Of, map[string]*plan{}
@@ -178,8 +175,7 @@ func (l *Limiter) BreakerState() BreakerState {
 }
 
 // reportConfig logs, once per limiter, a store error that no retry will
-// cure (the Redis user may not run the script): the failure policy decides
-// every request until it is fixed.
+// cure (the Redis user may not run the script).
 func (l *Limiter) reportConfig(err error) {
 	if scriptRefused(err) {
 		l.configOnce.Do(func() {
@@ -215,14 +211,13 @@ func DefaultName(limit store.Limit) string {
 	return name
 }
 
-// sites counts the limiters made at each place (*atomic.Int64 by place), so
-// that two made at one place (a loop, a helper) get different names too.
+// sites counts the limiters made at each place (*atomic.Int64 by place).
 var sites sync.Map
 
 // site names the caller of New outside this package, and how many limiters
 // it made before, in 8 hex digits of their FNV-1a hash: the same in every
-// replica of a program that makes its limiters in the same order, and never
-// the same for two limiters of one process (but by a 2^-32 chance).
+// replica that makes its limiters in the same order, and (but by a 2^-32
+// chance) never for two limiters of one process.
 func site() string {
 	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
@@ -269,9 +264,8 @@ func (l *Limiter) StoreKey(subject string) string {
 }
 
 // Forget drops this process's cached denial of subject (WithDenyCache), as
-// when an operator resets its bucket (store.Admin): otherwise the cache
-// keeps refusing it until the time the store gave. Other servers' caches
-// keep theirs.
+// when an operator resets its bucket: otherwise it is refused until the
+// time the store gave. Other servers' caches keep theirs.
 func (l *Limiter) Forget(subject string) {
 	if l.deny != nil {
 		l.deny.forget([]byte(l.StoreKey(subject)))
@@ -293,10 +287,9 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// gone reports whether the request's context ctx has ended. The deadline is
-// also read on the clock: a go-redis client with ContextTimeoutEnabled ends
-// its call at that deadline itself, and its error usually comes back before
-// the context's own timer has marked ctx done.
+// gone reports whether the request's context ctx has ended, reading the
+// deadline on the clock too: a go-redis client ends its call at the deadline
+// itself, usually before the context's timer marks ctx done.
 func gone(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
@@ -325,14 +318,12 @@ func NextToken(res store.Result) time.Duration {
 	return 0
 }
 
-// deniedBody is the default body of a refusal, shared by every response:
-// writers must not change what they are given to write.
+// deniedBody is the default body of a refusal, shared by every response.
 var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
 // writeRefusal writes a refusal of status with a body of type ctype, and
-// Cache-Control: no-store if noStore. The fields take one allocation, under
-// the canonical keys Header.Set would compute; they are this response's
-// own, so code after us may write into them.
+// Cache-Control: no-store if noStore. The fields, this response's own, take
+// one allocation.
 func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string, body []byte) {
 	h := w.Header()
 	v := &[3]string{"nosniff", ctype, "no-store"}
@@ -352,8 +343,8 @@ func problemDocument(policy string) []byte {
 		`"status":429,"violated-policies":[` + name + `]}`)
 }
 
-// refuseUnrated answers a request the limiter cannot rate: it counts and
-// reports err, then refuses the request, or serves it in dry-run mode.
+// refuseUnrated counts and reports err, of a request the limiter cannot
+// rate, then refuses it, or serves it in dry-run mode.
 func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
 	l.observe(r, l.cfg.name, Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})

@@ -22,9 +22,8 @@ type Policy struct {
 	Key keyfuncs.KeyFunc
 }
 
-// Tiers gives each request its policies, chosen by a function of the
-// request (its plan, its API key), so that plans change without rebuilding
-// the middleware.
+// Tiers gives each request the policies of its tier (its plan, its API
+// key), so that plans change without rebuilding the middleware.
 type Tiers struct {
 	// Of returns the request's tier; one not in Plans (including "") is
 	// the Default tier.
@@ -44,14 +43,12 @@ type Tiers struct {
 // Every policy has its item in the RateLimit / RateLimit-Policy fields; the
 // single-value RateLimit-Limit/-Remaining/-Reset report the first, and a
 // 429's Retry-After, problem document and denied handler are those of the
-// violated policy that frees last. A policy's bucket is "<name>:{<subject>}"
-// (or "<tier>/<name>:{<subject>}"), so the policies of one subject share a
-// Redis Cluster hash tag and one atomic script call; policies on other
-// subjects are further calls (see [store.Redis.TakeAll]).
+// violated policy that frees last. A policy's bucket is
+// "[<tier>/]<name>:{<subject>}", so the policies of one subject share a
+// Redis Cluster hash tag and one script call (see [store.Redis.TakeAll]).
 //
-// The Options of [New] apply to every policy. [WithName] names the
-// middleware in errors and logs; [WithDenyCache] is an error unless every
-// plan has one policy.
+// The Options of [New] apply to every policy; [WithName] names the
+// middleware in errors and logs; [WithDenyCache] needs plans of one policy.
 type Multi struct{ *Limiter }
 
 // NewMulti returns middleware that enforces every one of policies on each
