@@ -181,12 +181,11 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 		func(c *config) { c.breakerFailures, c.breakerCooldown = failures, cooldown })
 }
 
-// WithDelay lets a request that would be refused wait up to max for its
-// tokens (default 0: refuse at once), as nginx's limit_req with a burst:
-// they are taken ahead in the same store call, and the request is served
-// when they are due, spaced at the rate. A client that leaves gets them
-// back; a waiter holds its goroutine (at most max × Rate / Period per key).
-// The store must be a [store.Delayer] and a [store.Refunder].
+// WithDelay lets a request that would be refused wait up to max (default 0)
+// for its tokens, as nginx's limit_req with a burst: taken ahead in the
+// same store call, they are due spaced at the rate. A client that leaves
+// gets them back; a waiter holds its goroutine (at most max × Rate / Period
+// per key). The store must be a [store.Delayer] and a [store.Refunder].
 func WithDelay(max time.Duration) Option {
 	return option(failIf(max < 0, "WithDelay(%v): the wait must not be negative", max), func(c *config) { c.delay = max })
 }
@@ -202,10 +201,9 @@ func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
 
-// WithDeniedHandler sets what answers a request over the limit. It is called
-// with the rate-limit headers, Retry-After and Cache-Control: no-store set,
-// and writes the status (normally 429) and body. The default writes 429 with
-// a short text, or a problem document ([WithProblemDetails]).
+// WithDeniedHandler sets what answers a request over the limit, called with
+// the rate-limit headers, Retry-After and Cache-Control: no-store set. The
+// default writes 429 with a short text, or [WithProblemDetails]'s document.
 func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store.Result)) Option {
 	return option(failIf(fn == nil, "WithDeniedHandler: nil func"), func(c *config) { c.denied = fn })
 }
@@ -232,37 +230,34 @@ func WithDryRun(on bool) Option {
 	return option(nil, func(c *config) { c.dryRun = on })
 }
 
-// WithHeaders selects the rate-limit headers written on every decided
-// response (default [headers.Default]: the draft-11 RateLimit and
-// RateLimit-Policy fields and the draft-03 RateLimit-Limit/-Remaining/-Reset
-// trio). 0 writes none; Retry-After is written on refusals regardless. The
-// values are shared by responses: code after the limiter must replace a
-// field, as [http.Header.Set] does, never write into its slice.
+// WithHeaders selects the rate-limit headers of every decided response
+// (default [headers.Default]: draft-11 RateLimit and RateLimit-Policy, and
+// the draft-03 RateLimit-Limit/-Remaining/-Reset); 0 writes none (a
+// refusal's Retry-After stays). Responses share the values: code after the
+// limiter must replace a field, as [http.Header.Set] does, not write into it.
 func WithHeaders(p headers.Profile) Option {
 	err := p.Validate()
 	return option(failIf(err != nil, "WithHeaders: %w", err), func(c *config) { c.profile = p })
 }
 
 // WithProblemDetails makes the default refusal (default: a short text) an
-// RFC 9457 application/problem+json document of type
-// https://iana.org/assignments/http-problem-types#quota-exceeded, naming the
-// violated policy in "violated-policies".
+// RFC 9457 problem document of type "…/http-problem-types#quota-exceeded",
+// naming the violated policy in "violated-policies".
 func WithProblemDetails() Option {
 	return option(nil, func(c *config) { c.problemDetails = true })
 }
 
 // WithObserver sends the limiter's events to o (default: none), such as
-// [SlogObserver]; the promobserver and otelobserver modules export them as
-// metrics.
+// [SlogObserver]; promobserver and otelobserver export them as metrics.
 func WithObserver(o Observer) Option {
 	return option(failIf(o == nil, "WithObserver: nil Observer"), func(c *config) { c.observer = o })
 }
 
 // WithRefund gives a request's tokens back after its response when
-// rule(r, status) is true (status 200 if the handler wrote none; default:
-// never), such as for 5xx, or for successful logins so that 5 failures
-// lock a client out: one more store call, a failure of which is an
-// EventError. The store must be a [store.Refunder].
+// rule(r, status) is true (default: never; status 200 if the handler wrote
+// none), such as for 5xx, or successful logins so that 5 failures lock a
+// client out: one more store call, whose failure is an EventError. The
+// store must be a [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return option(failIf(rule == nil, "WithRefund: nil rule"), func(c *config) { c.refund = rule })
 }
@@ -273,8 +268,7 @@ type Penalty struct {
 	Within  time.Duration // they count in a bucket of Strikes refilled over Within
 	Block   time.Duration // how long a blocked key is refused
 	// Failed, if set, makes a served request a strike too when it reports
-	// true for the request and the status its handler wrote, such as a
-	// failed login (401).
+	// true for it and the status its handler wrote (a failed login: 401).
 	Failed func(r *http.Request, status int) bool
 }
 
