@@ -83,10 +83,9 @@ func (b *breaker) allow() (call, probe bool) {
 }
 
 // call runs fn, a store call that allow let through, and records its
-// outcome: an error is a failure unless ctx, the request's, ended (a client
-// that went away says nothing about the store); a probe whose client went
-// away, or that panics, is a failure too, so that the breaker neither
-// closes on no evidence nor stays half-open.
+// outcome: an error is a failure unless the request's ctx ended; a probe
+// whose client went away, or that panics, is one too, so that the breaker
+// neither closes on no evidence nor stays half-open.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	completed := false
 	defer func() {

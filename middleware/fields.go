@@ -13,11 +13,10 @@ import (
 
 // fieldCache writes one policy's rate-limit fields as headers.Write does.
 // Most responses report one of a few (remaining, reset) pairs, so it keeps
-// the fields of up to 256 recent pairs and puts them in a response that
-// holds none of them: no allocation (TestAllowedPathAllocatesNothing), where
-// headers.Write costs 8 (go test -bench Write ./headers). Responses share each
-// field's one-element slice, capped so that an Add copies it; a handler must
-// not write into it (Header.Set, Add and Del replace the slice).
+// the fields of up to 256 recent pairs for responses that hold none of them:
+// no allocation (TestAllowedPathAllocatesNothing), where headers.Write costs
+// 8 (go test -bench Write ./headers). Responses share each field's capped
+// one-element slice: Header.Set, Add and Del replace or copy it.
 type fieldCache struct {
 	profile headers.Profile
 	policy  headers.Quota // Name, Limit, Rate and Window: what the fields describe
@@ -89,10 +88,9 @@ func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
 	return fs
 }
 
-// writeDenied adds q's fields and the Retry-After of a refusal for
-// retryAfter to h, as headers.Write then headers.WriteRetryAfter would: a
-// refusal costs 1 allocation (its other fields), not 20, and is 10 times
-// faster (BenchmarkDeniedHotKey on the Memory store).
+// writeDenied adds q's fields and a refusal's Retry-After to h, as
+// headers.Write then headers.WriteRetryAfter would, in 1 allocation, not 20,
+// and 10 times faster (BenchmarkDeniedHotKey on the Memory store).
 func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
 	fs := c.set(q)
 	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds
