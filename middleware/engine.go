@@ -294,8 +294,8 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
 	var verdict denyVerdict
 	var gen uint64
+	var res store.Result // zero unless the cache or the store answered
 	if deny {
-		var res store.Result
 		if verdict, res, gen = l.deny.check(key, lim, q.cost); verdict == denyHit {
 			l.denyHits.Add(1)
 			q.res, q.local = append(q.res, res), true
@@ -306,7 +306,6 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	if !deny {
 		return err
 	}
-	var res store.Result
 	if err == nil {
 		res = q.res[0]
 	}
@@ -585,26 +584,24 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	refund := len(q.refund) > 0 && l.cfg.refund(r, code)
 	p := l.cfg.penalty
 	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, code)
-	// Blocked while it was served: no tokens back into the block, and no
-	// strike; other subjects' policies (a global one) get theirs.
-	blocked := p != nil && (refund || strike) && l.blockedNow(r, q)
+	// Blocked while it was served (read within the budget; a failed read
+	// says no): no tokens back into the block, and no strike; other
+	// subjects' policies (a global one) get theirs.
+	blocked := false
+	if p != nil && (refund || strike) {
+		var res store.Result
+		err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) (err error) {
+			res, err = store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
+			return err
+		})
+		blocked = err == nil && l.inBlock(res)
+	}
 	if refund {
 		l.giveBack(r, q, q.refund, blocked)
 	}
 	if strike && !blocked {
 		l.strike(r, q)
 	}
-}
-
-// blockedNow reports whether the bucket of q's first policy is in a block,
-// read through the breaker within the budget (a failed read says no).
-func (l *Limiter) blockedNow(r *http.Request, q *request) bool {
-	var res store.Result
-	err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) (err error) {
-		res, err = store.Inspect(ctx, l.store, string(q.keyOf(0)), q.p.policies[0].limit, q.cost)
-		return err
-	})
-	return err == nil && l.inBlock(res)
 }
 
 // refusedOwn reports whether one of the subject's own policies refused q (a
