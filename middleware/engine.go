@@ -410,9 +410,10 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 	}
 	ctx, left, late := r.Context(), d, true
 	if deadline, ok := ctx.Deadline(); !ok || time.Until(deadline) >= d {
-		start := time.Now()
+		start, t := time.Now(), time.NewTimer(d)
+		defer t.Stop()
 		select {
-		case <-time.After(d):
+		case <-t.C:
 			for i := range q.res {
 				q.res[i] = aged(q.res[i], d)
 			}
