@@ -18,9 +18,8 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// The one request path of [Limiter] and [Multi] (a Limiter is a plan of one
-// policy): skip → key → cost → deny cache → store under the budget →
-// failure policy → headers → next or 429 → refund.
+// The one request path of [Limiter] and [Multi]: skip → key → cost → deny
+// cache → store under the budget → failure policy → headers → next or 429.
 
 // A plan is the policies one request is decided under, all or nothing.
 type plan struct {
@@ -285,8 +284,8 @@ func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	return b
 }
 
-// decide puts in q.res the answer for every policy: the deny cache's
-// refusal, else the store's through the breaker within the budget.
+// decide puts in q.res the deny cache's refusal, else the store's answer
+// through the breaker within the budget, for every policy.
 func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
 	// Plans of one policy. A read takes nothing: never refused locally; nor

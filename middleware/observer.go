@@ -44,18 +44,15 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is one observation of a limiter. It never carries the raw key, which
-// would make an unbounded label set and leak into logs: KeyClass says what
-// kind of key it was.
+// Event is one observation of a limiter. Its Key is client-chosen text:
+// use KeyClass, not Key, as a metric label or a log field.
 type Event struct {
 	Kind    EventKind
 	Limiter string // the limiter's name (a policy of a tier: "api/pro")
 	// Request is the request decided (nil for EventBreaker), valid only
 	// during Observe.
-	Request *http.Request
-	// Key is the subject the key function returned ("" before it ran):
-	// client-chosen text, never a metric label.
-	Key      string
+	Request  *http.Request
+	Key      string        // the subject the key function returned ("" before it ran)
 	KeyClass string        // KeyClass(Key), or "none" without a Key: a safe metric label
 	Cost     int           // tokens asked for
 	Latency  time.Duration // time spent deciding (the store call, or zero)
@@ -160,8 +157,8 @@ func scriptRefused(err error) bool {
 
 // SlogObserver returns an [Observer] that logs events to l (nil:
 // [slog.Default]): errors, fallbacks and an open breaker at level Warn,
-// denials and other breaker changes at Info, allowed and skipped requests at
-// Debug, so that they cost nothing unless the handler enables Debug.
+// denials and other breaker changes at Info, allowed and skipped requests
+// at Debug (nothing to pay unless the handler enables it).
 func SlogObserver(l *slog.Logger) Observer {
 	if l == nil {
 		l = slog.Default()
