@@ -29,8 +29,10 @@
 //
 // # Keys
 //
-// A bucket's key is "<name>:<subject>" ([WithName]; the store prefixes it),
-// so limiters that key by the same address never share a bucket. See
+// A bucket's key is "<name>:<subject>" ([WithName]; the store prefixes it).
+// The default name differs per limiter and is the same in every replica of
+// the app: replicas share a limiter's buckets, and two limiters that key by
+// the same address share theirs only when given one name. See
 // [Limiter.StoreKey] and [Multi] for the hash tags that keep Redis Cluster
 // happy.
 //
