@@ -308,16 +308,19 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	if err == nil {
 		res = q.res[0]
 	}
-	// A probe that left fewer than cost tokens: the next request of this
-	// cost is denied until the bucket holds cost again, at ResetAfter -
-	// (Burst-cost)*T (less a microsecond for the store's rounding).
-	wait := res.ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay
 	switch {
 	case err == nil && !res.Allowed:
 		l.deny.denied(key, lim, q.cost, res)
 	case verdict != denyProbe:
-	case err == nil && res.Remaining < q.cost && wait > 0:
-		l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
+	case err == nil && res.Remaining < q.cost:
+		// A probe that left fewer than cost tokens: the next request of this
+		// cost is denied until the bucket holds cost again, at ResetAfter -
+		// (Burst-cost)*T (less a microsecond for the store's rounding).
+		if wait := res.ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay; wait > 0 {
+			l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
+			break
+		}
+		l.deny.probed(key, gen)
 	default: // allowed with room left, or no answer: ask the store again
 		l.deny.probed(key, gen)
 	}
