@@ -11,14 +11,12 @@ import (
 )
 
 // denyCache remembers, per store key, the store's last denial: until the
-// time the store gave for the denied cost to succeed, a request of that
-// cost or more under the same limit is refused locally. A bucket only gains
-// tokens with time, and times are read on the monotonic clock after the
-// store's reply: an entry can only err late. It is sharded, so that no
-// process-wide lock is on the request path, and bounded (see makeRoom).
+// store's Retry-After, a request of that cost or more under the same limit
+// is refused locally. Tokens only come back with time, and times are read
+// after the store's reply: an entry can only err late. Sharded (no
+// process-wide lock) and bounded (see makeRoom).
 type denyCache struct {
-	shards   []denyShard
-	mask     uint64
+	shards   []denyShard // a power of two
 	shardCap int
 	seeds    [2]maphash.Seed
 	now      func() time.Duration // the clock; replaced in tests
@@ -36,9 +34,8 @@ type denyShard struct {
 }
 
 // denyEntry is one denial: a request under limit of cost at least cost is
-// refused until retryAt. Then the first request that reads it probes the
-// store; until its answer (or retryAt + window) the others are refused: the
-// tokens that came back are the probe's.
+// refused until retryAt; then one probes the store, and until its answer
+// (or retryAt + window) the others are refused: the tokens are the probe's.
 type denyEntry struct {
 	limit   store.Limit
 	cost    int
@@ -57,7 +54,6 @@ const (
 	denyProbe                    // ask the store, and report the answer to probed
 )
 
-// Bounds of the shard count, a power of two.
 const (
 	maxDenyShards    = 32
 	minDenyShardKeys = 16
@@ -76,7 +72,6 @@ func newDenyCache(maxKeys int) *denyCache {
 	}
 	d := &denyCache{
 		shards:   make([]denyShard, n),
-		mask:     uint64(n - 1),
 		shardCap: maxKeys / n, // at least 1: maxKeys >= 1
 		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		now:      monotonicNow,
@@ -89,7 +84,7 @@ func newDenyCache(maxKeys int) *denyCache {
 
 func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 	h := maphash.Bytes(d.seeds[0], key)
-	return &d.shards[h&d.mask], denyID{h, maphash.Bytes(d.seeds[1], key)}
+	return &d.shards[h&uint64(len(d.shards)-1)], denyID{h, maphash.Bytes(d.seeds[1], key)}
 }
 
 // check looks key up for a request of cost under lim, without allocating.
@@ -97,7 +92,7 @@ func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 // for probed.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
 	h := maphash.Bytes(d.seeds[0], key)
-	sh := &d.shards[h&d.mask]
+	sh := &d.shards[h&uint64(len(d.shards)-1)]
 	if sh.n.Load() == 0 {
 		return denyMiss, res, 0 // nobody refused: no lock, no clock, no second hash
 	}
@@ -128,55 +123,45 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 // of cost at now, when e's cost can succeed at retryAt and its bucket is
 // full at resetAt.
 func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
-	if cost > e.cost { // the extra tokens take longer to come
-		retryAt += tokenTime(e.limit, cost-e.cost, false)
-	}
+	retryAt += tokenTime(e.limit, cost-e.cost, false) // the tokens beyond e.cost
 	resetAfter := max(resetAt-now, 0)
-	return store.Result{
-		Limit:      e.limit,
-		RetryAfter: retryAt - now,
-		ResetAfter: resetAfter,
-		// The whole tokens now, fewer than the entry's cost.
-		Remaining: min(tokensAt(e.limit, resetAfter), e.cost-1),
-	}
+	return store.Result{Limit: e.limit, RetryAfter: retryAt - now, ResetAfter: resetAfter,
+		Remaining: min(tokensAt(e.limit, resetAfter), e.cost-1)}
 }
 
-// tokensAt returns the whole tokens in a bucket of lim that is full again
-// in resetAfter: max(0, floor(Burst - resetAfter*Rate/Period)).
+// tokensAt returns the whole tokens in a bucket of lim full again in
+// resetAfter: max(0, Burst - ceil(resetAfter*Rate/Period)).
 func tokensAt(lim store.Limit, resetAfter time.Duration) int {
 	if resetAfter <= 0 {
 		return lim.Burst
 	}
-	// 128-bit product: resetAfter*Rate may not fit in 64 bits.
-	hi, lo := bits.Mul64(uint64(resetAfter), uint64(lim.Rate))
-	if hi >= uint64(lim.Period) {
-		return 0 // more than 2^64 tokens missing
-	}
-	missing, rem := bits.Div64(hi, lo, uint64(lim.Period))
-	if rem != 0 {
-		missing++ // a token partly refilled is not there yet
-	}
-	if missing >= uint64(lim.Burst) {
+	missing, ok := mulDiv(uint64(resetAfter), uint64(lim.Rate), uint64(lim.Period), true)
+	if !ok || missing >= uint64(lim.Burst) {
 		return 0
 	}
 	return lim.Burst - int(missing)
 }
 
-// tokenTime returns the time in which lim refills cost tokens, rounded up or
-// down (the probe rule must not refuse past it).
+// tokenTime returns the time in which lim refills cost tokens, rounded up or down.
 func tokenTime(lim store.Limit, cost int, up bool) time.Duration {
-	hi, lo := bits.Mul64(uint64(cost), uint64(lim.Period))
-	if hi >= uint64(lim.Rate) { // cannot happen for a valid limit: refuse nothing extra
-		if up {
-			return 1<<63 - 1
-		}
-		return 0
+	t, ok := mulDiv(uint64(cost), uint64(lim.Period), uint64(lim.Rate), up)
+	if !ok && up { // not for a valid limit
+		return 1<<63 - 1
 	}
-	q, r := bits.Div64(hi, lo, uint64(lim.Rate))
+	return time.Duration(t)
+}
+
+// mulDiv returns a*b/c rounded up or down, or false if it overflows 64 bits.
+func mulDiv(a, b, c uint64, up bool) (uint64, bool) {
+	hi, lo := bits.Mul64(a, b)
+	if hi >= c {
+		return 0, false
+	}
+	q, r := bits.Div64(hi, lo, c)
 	if up && r > 0 {
 		q++
 	}
-	return time.Duration(q)
+	return q, true
 }
 
 // denied records the store's denial res of a request of cost under lim,
@@ -202,11 +187,9 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 		window: tokenTime(lim, cost, false), gen: e.gen + 1}
 }
 
-// forget drops the entry of key, if any.
 func (d *denyCache) forget(key []byte) { d.probed(key, 0) }
 
-// probed drops the entry gen of key, whose probe was not denied, unless it
-// has been recorded again since; gen 0 drops any.
+// probed drops key's entry gen, whose probe was not denied; gen 0 drops any.
 func (d *denyCache) probed(key []byte, gen uint64) {
 	sh, k := d.lookup(key)
 	sh.mu.Lock()
@@ -222,11 +205,10 @@ func (d *denyCache) probed(key []byte, gen uint64) {
 func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	var victim denyID
 	var victimUntil time.Duration
-	freed, seen := 0, 0
+	seen := 0
 	for k, e := range sh.m { // map iteration starts at a random entry
 		if until := e.retryAt + e.window; now >= until {
 			delete(sh.m, k)
-			freed++
 		} else if seen == 0 || until < victimUntil {
 			victim, victimUntil = k, until
 		}
@@ -234,11 +216,10 @@ func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 			break
 		}
 	}
-	if freed == 0 {
+	if len(sh.m) >= d.shardCap { // nothing freed
 		delete(sh.m, victim)
-		freed++
 	}
-	sh.n.Add(int32(-freed))
+	sh.n.Store(int32(len(sh.m)))
 }
 
 func (d *denyCache) len() int {
