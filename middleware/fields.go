@@ -11,15 +11,14 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// fieldCache writes one policy's rate-limit fields as headers.Write does.
-// Most responses report one of a few (remaining, reset) pairs, so it keeps
-// the fields of up to 256 recent pairs for responses that hold none of them:
-// no allocation (TestAllowedPathAllocatesNothing), where headers.Write costs
-// 8 (go test -bench Write ./headers). Responses share each field's capped
-// one-element slice: Header.Set, Add and Del replace or copy it.
+// fieldCache writes one policy's rate-limit fields as headers.Write does,
+// keeping those of up to 256 recent (remaining, reset) pairs: no allocation
+// (TestAllowedPathAllocatesNothing) where headers.Write costs 8. Responses
+// share each field's capped one-element slice, which Header.Set, Add and Del
+// replace or copy.
 type fieldCache struct {
 	profile headers.Profile
-	policy  headers.Quota // Name, Limit, Rate and Window: what the fields describe
+	policy  headers.Quota // Limit, Rate and Window: what the fields describe
 	slots   [256]atomic.Pointer[fieldSet]
 	retry   atomic.Pointer[retryValue] // the last Retry-After of 100 s or more
 }
@@ -31,11 +30,10 @@ type retryValue struct {
 
 // A fieldSet is the fields of one (remaining, reset) pair.
 type fieldSet struct {
-	remaining int
-	reset     int64 // seconds, as written
-	keys      []string
-	vals      []string // vals[i] is the value of keys[i]
-	floor     int64    // the least Retry-After these fields allow (an exhausted quota's t)
+	remaining  int
+	reset      int64 // seconds, as written
+	keys, vals []string
+	floor      int64 // the least Retry-After these fields allow (an exhausted quota's t)
 }
 
 func newFieldCache(p headers.Profile, name string, l store.Limit) *fieldCache {
@@ -52,8 +50,7 @@ func (c *fieldCache) write(h http.Header, q headers.Quota, now time.Time) {
 	fs.put(h)
 }
 
-// set returns the fields of q from the cache, or nil if they depend on more
-// than (remaining, reset).
+// set returns q's fields, or nil if they depend on more than (remaining, reset).
 func (c *fieldCache) set(q headers.Quota) *fieldSet {
 	reset := headers.Seconds(q.Reset)
 	if c.profile&headers.XRateLimitEpoch != 0 || reset >= 1e9 || // Unix times, which depend on the clock
@@ -89,8 +86,8 @@ func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
 }
 
 // writeDenied adds q's fields and a refusal's Retry-After to h, as
-// headers.Write then headers.WriteRetryAfter would, in 1 allocation, not 20,
-// and 10 times faster (BenchmarkDeniedHotKey on the Memory store).
+// headers.Write then headers.WriteRetryAfter do: 1 allocation, not 20, and 10
+// times faster (BenchmarkDeniedHotKey, Memory store).
 func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
 	fs := c.set(q)
 	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds
@@ -112,7 +109,6 @@ func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time
 	h["Retry-After"] = e.v[:1:1]
 }
 
-// retryValues holds the values of Retry-After under 100 seconds.
 var retryValues = func() (v [100][1]string) {
 	for i := range v {
 		v[i][0] = strconv.Itoa(i)
