@@ -29,8 +29,7 @@ const (
 	EventBreaker
 	// EventSkipped reports a request that a skip rule or the allow-list let through.
 	EventSkipped
-	// EventAbandoned reports a client that left while it waited for its
-	// tokens (WithDelay); they were given back.
+	// EventAbandoned reports a client that left while it waited (WithDelay); its tokens are back.
 	EventAbandoned
 )
 
@@ -47,11 +46,9 @@ func (k EventKind) String() string {
 // Event is one observation of a limiter. Its Key is client-chosen text:
 // use KeyClass, not Key, as a metric label or a log field.
 type Event struct {
-	Kind    EventKind
-	Limiter string // the limiter's name (a policy of a tier: "api/pro")
-	// Request is the request decided (nil for EventBreaker), valid only
-	// during Observe.
-	Request  *http.Request
+	Kind     EventKind
+	Limiter  string        // the limiter's name (a policy of a tier: "api/pro")
+	Request  *http.Request // the request decided (nil for EventBreaker), valid only during Observe
 	Key      string        // the subject the key function returned ("" before it ran)
 	KeyClass string        // KeyClass(Key), or "none" without a Key: a safe metric label
 	Cost     int           // tokens asked for
@@ -78,12 +75,11 @@ type ObserverFunc func(Event)
 // Observe calls f(e).
 func (f ObserverFunc) Observe(e Event) { f(e) }
 
-// KeyClass returns the class of a key built by package keyfuncs: its
-// namespace prefixes ("ip:1.2.3.4" → "ip", "user:42|route:GET /x" →
-// "user+route", the parts split as [keyfuncs.Join] escapes them, repeats
-// dropped); a key without a known namespace, or with more than three kinds
-// of part, is "other". It takes few distinct values (at most 85) whatever
-// the keys, so a client cannot multiply metric series.
+// KeyClass returns the namespaces of a key built by package keyfuncs, a
+// safe metric label of at most 85 values: "ip:1.2.3.4" → "ip",
+// "user:42|route:GET /x" → "user+route" (parts split as [keyfuncs.Join]
+// escapes them, repeats dropped); "other" for an unknown namespace or more
+// than three kinds of part.
 func KeyClass(key string) string {
 	var parts [3]string
 	n := 0
@@ -120,10 +116,9 @@ func KeyClass(key string) string {
 var keyClasses = []string{"ip", "user", "key", "route", "tier"}
 
 // ErrorKind classifies an event's error without its text, which may quote
-// the key: "timeout", "canceled", "breaker_open", "no_key", "cost",
-// "config", "store_config" (the store's Redis refuses the script: an ACL
-// without EVALSHA, EVAL or a command inside it, or no scripting; see
-// store.Redis.Check) or "store".
+// the key: "timeout", "canceled", "breaker_open", "no_key", "cost", "config",
+// "store_config" (Redis will not run the script: see store.Redis.Check) or
+// "store".
 func ErrorKind(err error) string {
 	switch {
 	case scriptRefused(err):
@@ -144,8 +139,7 @@ func ErrorKind(err error) string {
 	return "store"
 }
 
-// scriptRefused reports whether err says Redis will not run the script at
-// all: a configuration to fix, not a passing failure.
+// scriptRefused reports whether err says Redis will not run the script at all.
 func scriptRefused(err error) bool {
 	if err == nil {
 		return false
@@ -182,24 +176,17 @@ func SlogObserver(l *slog.Logger) Observer {
 			return
 		}
 		attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost), slog.Duration("latency", e.Latency))
-		if e.Kind == EventAllowed || e.Kind == EventDenied {
-			attrs = append(attrs, slog.Int("remaining", e.Result.Remaining))
+		add := func(ok bool, a slog.Attr) {
+			if ok {
+				attrs = append(attrs, a)
+			}
 		}
-		if e.Kind == EventDenied {
-			attrs = append(attrs, slog.Duration("retry_after", e.Result.RetryAfter))
-		}
-		if e.Local {
-			attrs = append(attrs, slog.Bool("local", true))
-		}
-		if e.DryRun {
-			attrs = append(attrs, slog.Bool("dry_run", true))
-		}
-		if e.Kind == EventFallback {
-			attrs = append(attrs, slog.String("policy", e.Policy.String()))
-		}
-		if e.Err != nil { // the kind only: an error's text may quote the key
-			attrs = append(attrs, slog.String("error", ErrorKind(e.Err)))
-		}
+		add(e.Kind == EventAllowed || e.Kind == EventDenied, slog.Int("remaining", e.Result.Remaining))
+		add(e.Kind == EventDenied, slog.Duration("retry_after", e.Result.RetryAfter))
+		add(e.Local, slog.Bool("local", true))
+		add(e.DryRun, slog.Bool("dry_run", true))
+		add(e.Kind == EventFallback, slog.String("policy", e.Policy.String()))
+		add(e.Err != nil, slog.String("error", ErrorKind(e.Err))) // not its text, which may quote the key
 		l.LogAttrs(ctx, level, "tollgate "+e.Kind.String(), attrs...)
 	})
 }
