@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,13 +15,12 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// DefaultTimeout is the budget for one store decision unless [WithTimeout]
+// DefaultTimeout is the budget of one store decision unless [WithTimeout]
 // says otherwise.
 const DefaultTimeout = 100 * time.Millisecond
 
 // FailurePolicy says what happens to a request the store cannot decide (an
-// error, or no answer within the timeout): [FailOpen], [FailClosed] or
-// [FailLocal]. The default is FailLocal; the zero value is FailOpen.
+// error, or no answer within the timeout); the zero value is [FailOpen].
 type FailurePolicy struct {
 	kind       failKind
 	replicas   int           // FailLocal: servers sharing the limit
@@ -38,17 +38,15 @@ const (
 )
 
 var (
-	// FailOpen serves the request unlimited, without rate-limit headers:
-	// any store stall longer than the budget lets a flood through.
+	// FailOpen serves the request unlimited, without rate-limit headers: a
+	// store stall longer than the budget lets a flood through.
 	FailOpen = FailurePolicy{}
 	// FailClosed refuses the request with 503 Service Unavailable and
-	// Retry-After: 1, for endpoints such as a login, where unlimited
-	// traffic is worse than none.
+	// Retry-After: 1, for endpoints such as a login.
 	FailClosed = FailurePolicy{kind: failClosed, status: http.StatusServiceUnavailable, retryAfter: time.Second}
 	// FailLocal, the default, decides on an in-process Memory store under
-	// the whole limit (see [FailLocalShare]): a flood gets at most each
-	// server's bucket. The local buckets follow what the server let
-	// through, so an outage gives nobody a fresh burst.
+	// the whole limit per server (see [FailLocalShare]), following what the
+	// server let through: an outage gives nobody a fresh burst.
 	FailLocal = FailurePolicy{kind: failLocal, replicas: 1}
 )
 
@@ -116,18 +114,16 @@ func failIf(bad bool, format string, args ...any) error {
 	return fmt.Errorf(format, args...)
 }
 
-// WithName sets the limiter's name, printable ASCII without '{', '}', ':':
-// its buckets are "<name>:<subject>" and its policy in the RateLimit headers
-// is name, so limiters of one name on one store share their buckets. The
-// default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
-// where [New] was called and how many limiters that place made before: no
-// two limiters of a process share buckets; replicas of the same code do.
+// WithName sets the limiter's name, printable ASCII without '{', '}' or
+// ':': its buckets are "<name>:<subject>" and its RateLimit policy is name.
+// The default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
+// where [New] was called and how many limiters that place made before:
+// unique in a process, the same in every replica.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
 
-// checkName refuses a name that could make keys collide or pin a Redis
-// Cluster slot, for option what.
+// checkName refuses, for option what, a name that could collide keys or pin a slot.
 func checkName(what, name string) error {
 	switch {
 	case name == "":
@@ -140,10 +136,9 @@ func checkName(what, name string) error {
 	return nil
 }
 
-// WithKeyFunc sets how a request's subject is found. The default is
-// [keyfuncs.PeerIP], the TCP peer's address (IPv6 by /64), built with no
-// allocation; behind a proxy use [keyfuncs.ClientIP]. A KeyFunc error never
-// falls back to a shared bucket: see [WithKeyErrorHandler].
+// WithKeyFunc sets how a request's subject is found (default
+// [keyfuncs.PeerIP], the TCP peer; behind a proxy, use [keyfuncs.ClientIP]).
+// A KeyFunc error never falls back to a shared bucket ([WithKeyErrorHandler]).
 func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 	return option(failIf(fn == nil, "WithKeyFunc: nil KeyFunc"), func(c *config) { c.keyFunc = fn })
 }
@@ -155,9 +150,8 @@ func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
 
-// WithTimeout sets the budget for one store decision (default
-// [DefaultTimeout]), past which the failure policy decides; a Memory store
-// has none.
+// WithTimeout sets the budget of one store decision (default [DefaultTimeout]);
+// a Memory store has none.
 func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }
@@ -168,12 +162,11 @@ func WithFailurePolicy(p FailurePolicy) Option {
 	return option(failIf(p.err != nil, "WithFailurePolicy: %w", p.err), func(c *config) { c.policy = p })
 }
 
-// WithBreaker configures the circuit breaker in front of the store (default
-// [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0 disables
-// it): after failures consecutive errors or timeouts the failure policy
-// decides at once until a probe after cooldown succeeds ([BreakerState]);
-// a probe that fails, panics, is abandoned or outlasts a cooldown is a
-// failure. Transitions go to the [Observer], or to [slog.Default].
+// WithBreaker sets the circuit breaker in front of the store (default
+// [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0: none):
+// failures consecutive errors or timeouts open it ([BreakerState]) until a
+// probe after cooldown succeeds; a probe that fails, panics, is abandoned or
+// outlasts a cooldown fails. Transitions go to the [Observer], or [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
@@ -191,12 +184,10 @@ func WithDelay(max time.Duration) Option {
 }
 
 // WithDenyCache makes the limiter remember the store's denials of up to
-// maxKeys keys (default 0: off; about 150 bytes each), so that a flood from
-// one client is refused without asking the store: a key denied at cost c is
-// refused locally at cost c or more until the store's Retry-After (tokens
-// only return with time), then one request probes the store. A bucket
-// reset in the store stays refused here (see [Limiter.Forget]). Dry-run
-// mode does not use it.
+// maxKeys keys (default 0: off; about 150 bytes each): a key denied at cost
+// c is refused without a store call at cost c or more until the store's
+// Retry-After, then one request probes the store. A bucket reset in the
+// store stays refused here ([Limiter.Forget]). Dry-run mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
@@ -231,10 +222,9 @@ func WithDryRun(on bool) Option {
 }
 
 // WithHeaders selects the rate-limit headers of every decided response
-// (default [headers.Default]: draft-11 RateLimit and RateLimit-Policy, and
-// the draft-03 RateLimit-Limit/-Remaining/-Reset); 0 writes none (a
-// refusal's Retry-After stays). Responses share the values: code after the
-// limiter must replace a field, as [http.Header.Set] does, not write into it.
+// (default [headers.Default]; 0 writes none but a refusal's Retry-After).
+// Responses share the values: code after the limiter must replace a field,
+// as [http.Header.Set] does, not write into it.
 func WithHeaders(p headers.Profile) Option {
 	err := p.Validate()
 	return option(failIf(err != nil, "WithHeaders: %w", err), func(c *config) { c.profile = p })
@@ -253,11 +243,10 @@ func WithObserver(o Observer) Option {
 	return option(failIf(o == nil, "WithObserver: nil Observer"), func(c *config) { c.observer = o })
 }
 
-// WithRefund gives a request's tokens back after its response when
-// rule(r, status) is true (default: never; status 200 if the handler wrote
-// none), such as for 5xx, or successful logins so that 5 failures lock a
-// client out: one more store call, whose failure is an EventError. The
-// store must be a [store.Refunder].
+// WithRefund gives a request's tokens back after its response when rule(r,
+// status) is true (default: never; status 200 if the handler wrote none), as
+// for 5xx, or for successful logins so that only failures count: one more
+// store call (a failure is an EventError), on a [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return option(failIf(rule == nil, "WithRefund: nil rule"), func(c *config) { c.refund = rule })
 }
@@ -279,9 +268,9 @@ type Penalty struct {
 // is the first policy's subject; other subjects' policies are neither
 // blocked nor strikes. The block is the buckets' own state
 // ([store.Admin].Block), seen by every server and this server's FailLocal
-// share. A block counts no strikes and gets no refunds (with refunds or
-// Failed, one more store call reads the bucket). A strike is a store call,
-// lost if it fails; the failure policy and dry-run mode count none.
+// share; it counts no strikes and gets no refunds (with refunds or Failed,
+// one more store call reads the bucket). A strike is a store call, lost if
+// it fails; the failure policy and dry-run mode count none.
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
@@ -301,55 +290,54 @@ func (p *Penalty) strikes() store.Limit {
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
-			if p, ok, err := parseAllowNet(e); err != nil {
+			p, err := parseAllowNet(e)
+			ns, subject, _ := strings.Cut(e, ":") // a key is "<namespace>:<subject>"
+			switch {
+			case err != nil:
 				return fmt.Errorf("WithAllowList: %q: %w", e, err)
-			} else if ok {
+			case p.IsValid():
 				c.allowNets = append(c.allowNets, p)
-				continue
-			}
-			// A key: "<namespace>:<subject>", as the key functions write them.
-			ns, rest, ok := strings.Cut(e, ":")
-			if !ok || ns == "" || rest == "" || strings.TrimFunc(ns, func(r rune) bool { return 'a' <= r && r <= 'z' }) != "" {
+			case ns == "" || subject == "" || strings.TrimFunc(ns, func(r rune) bool { return 'a' <= r && r <= 'z' }) != "":
 				return fmt.Errorf("WithAllowList: %q is neither an IP address, a CIDR prefix nor a key such as \"user:admin\"", e)
+			case c.allowKeys == nil:
+				c.allowKeys = map[string]bool{e: true}
+			default:
+				c.allowKeys[e] = true
 			}
-			if c.allowKeys == nil {
-				c.allowKeys = map[string]bool{}
-			}
-			c.allowKeys[e] = true
 		}
 		return nil
 	}
 }
 
-// parseAllowNet reads an allow-list entry as an address or a prefix (ok),
-// a key (!ok), or an error.
-func parseAllowNet(e string) (p netip.Prefix, ok bool, err error) {
+// parseAllowNet reads an allow-list entry as an address or a prefix, or as
+// a key (an invalid prefix and no error).
+func parseAllowNet(e string) (netip.Prefix, error) {
 	addr, bits, isPrefix := strings.Cut(e, "/")
 	a, err := netip.ParseAddr(addr)
 	switch {
 	case err != nil && strings.Trim(e, "0123456789abcdefABCDEF.:/%[] ") == "":
-		return p, false, fmt.Errorf("not an IP address or prefix: %w", err)
+		return netip.Prefix{}, fmt.Errorf("not an IP address or prefix: %w", err)
 	case err != nil:
-		return p, false, nil // a key
+		return netip.Prefix{}, nil // a key
 	case !isPrefix:
 		a = a.Unmap().WithZone("")
-		return netip.PrefixFrom(a, a.BitLen()), true, nil
+		return netip.PrefixFrom(a, a.BitLen()), nil
 	}
-	if p, err = netip.ParsePrefix(e); err != nil {
-		return p, false, err
-	}
-	if a.Is4In6() { // clients' addresses are unmapped: so is the prefix
-		if p.Bits() < 96 {
-			return p, false, fmt.Errorf("an IPv4-mapped prefix shorter than /96 (%s)", bits)
-		}
+	p, err := netip.ParsePrefix(e)
+	switch {
+	case err != nil:
+		return netip.Prefix{}, err
+	case a.Is4In6() && p.Bits() < 96:
+		return netip.Prefix{}, fmt.Errorf("an IPv4-mapped prefix shorter than /96 (%s)", bits)
+	case a.Is4In6(): // clients' addresses are unmapped: so is the prefix
 		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 	}
-	return p.Masked(), true, nil
+	return p.Masked(), nil
 }
 
 // allowedResolved reports whether the allow-list's networks are decided
-// before the key functions run (known: none, or r carries the address
-// keyfuncs.ClientIPMiddleware resolved), and if so whether they let r in.
+// before the key functions run (no networks, or keyfuncs.ClientIPMiddleware
+// resolved r's address), and if so whether they let r in.
 func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if len(c.allowNets) == 0 {
 		return false, true
@@ -360,12 +348,7 @@ func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 
 func (c *config) allowedAddr(a netip.Addr) bool {
 	a = a.Unmap().WithZone("")
-	for _, n := range c.allowNets {
-		if n.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(c.allowNets, func(n netip.Prefix) bool { return n.Contains(a) })
 }
 
 func peerAddr(r *http.Request) netip.Addr {
