@@ -15,8 +15,7 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// DefaultTimeout is the budget of one store decision unless [WithTimeout]
-// says otherwise.
+// DefaultTimeout is the budget of one store decision unless [WithTimeout] says otherwise.
 const DefaultTimeout = 100 * time.Millisecond
 
 // FailurePolicy says what happens to a request the store cannot decide (an
@@ -199,17 +198,15 @@ func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store
 	return option(failIf(fn == nil, "WithDeniedHandler: nil func"), func(c *config) { c.denied = fn })
 }
 
-// WithKeyErrorHandler sets what answers a request the limiter cannot rate
-// (a KeyFunc error, or a cost outside [0, Burst]). The default answers 400
-// with a short text (never the error's), or 500 when the error wraps
-// [keyfuncs.ErrInvalidConfig].
+// WithKeyErrorHandler sets what answers a request the limiter cannot rate (a
+// KeyFunc error, or a cost outside [0, Burst]); the default writes 400, or 500
+// if the error wraps [keyfuncs.ErrInvalidConfig], never the error's text.
 func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return option(failIf(fn == nil, "WithKeyErrorHandler: nil func"), func(c *config) { c.keyError = fn })
 }
 
-// WithSkip sets a predicate evaluated before anything else (default: none):
-// requests for which it returns true, such as health checks, pass
-// unlimited, without rate-limit headers (EventSkipped).
+// WithSkip lets requests for which fn is true, such as health checks, pass
+// before anything else, unlimited and without rate-limit headers (default: none).
 func WithSkip(fn func(r *http.Request) bool) Option {
 	return option(failIf(fn == nil, "WithSkip: nil func"), func(c *config) { c.skip = fn })
 }
@@ -230,9 +227,8 @@ func WithHeaders(p headers.Profile) Option {
 	return option(failIf(err != nil, "WithHeaders: %w", err), func(c *config) { c.profile = p })
 }
 
-// WithProblemDetails makes the default refusal (default: a short text) an
-// RFC 9457 problem document of type "…/http-problem-types#quota-exceeded",
-// naming the violated policy in "violated-policies".
+// WithProblemDetails makes the default refusal, a short text, an RFC 9457
+// problem document ("…#quota-exceeded") naming the policy violated.
 func WithProblemDetails() Option {
 	return option(nil, func(c *config) { c.problemDetails = true })
 }
@@ -256,21 +252,19 @@ type Penalty struct {
 	Strikes int           // the strikes that block a key, at least 1
 	Within  time.Duration // they count in a bucket of Strikes refilled over Within
 	Block   time.Duration // how long a blocked key is refused
-	// Failed, if set, makes a served request a strike too when it reports
-	// true for it and the status its handler wrote (a failed login: 401).
+	// Failed, if set, makes a served request it is true for a strike too (a 401 login).
 	Failed func(r *http.Request, status int) bool
 }
 
 // WithPenalty puts a key in a penalty box (default: none): once Strikes of
 // its requests within about Within were refused (429) or, with Failed,
-// failed, its buckets refuse every request that costs tokens for Block
-// (plus the WithDelay wait), then refill at the rate. On a [Multi] the key
-// is the first policy's subject; other subjects' policies are neither
-// blocked nor strikes. The block is the buckets' own state
-// ([store.Admin].Block), seen by every server and this server's FailLocal
-// share; it counts no strikes and gets no refunds (with refunds or Failed,
-// one more store call reads the bucket). A strike is a store call, lost if
-// it fails; the failure policy and dry-run mode count none.
+// failed, its buckets refuse every request that costs tokens for Block (plus
+// the WithDelay wait), then refill at the rate. On a [Multi] the key is the
+// first policy's subject, whose policies alone are blocked and strikes. The
+// block is the buckets' state ([store.Admin].Block), seen by every server and
+// this one's FailLocal share; it counts no strikes and gets no refunds (with
+// refunds or Failed, one more store call reads the bucket). A strike is a
+// store call, lost if it fails; the failure policy and dry-run count none.
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
