@@ -22,8 +22,7 @@ type denyCache struct {
 	now      func() time.Duration // the clock; replaced in tests
 }
 
-// A denyID names a store key by two seeded 64-bit hashes (a 2^-128 chance
-// for two keys to share an entry), whatever the key's length.
+// A denyID is a store key's two seeded 64-bit hashes: 2^-128 odds of a clash.
 type denyID [2]uint64
 
 type denyShard struct {
@@ -40,7 +39,7 @@ type denyEntry struct {
 	limit   store.Limit
 	cost    int
 	retryAt time.Duration
-	resetAt time.Duration // when the bucket is full again
+	resetAt time.Duration // the bucket is full again
 	window  time.Duration // time for cost tokens
 	gen     uint64        // changes whenever the entry is recorded again
 	probing bool
@@ -87,9 +86,8 @@ func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 	return &d.shards[h&uint64(len(d.shards)-1)], denyID{h, maphash.Bytes(d.seeds[1], key)}
 }
 
-// check looks key up for a request of cost under lim, without allocating.
-// On denyHit, res is the refusal; on denyProbe, gen identifies the entry
-// for probed.
+// check looks key up for a request of cost under lim, without allocating: on
+// denyHit, res is the refusal; on denyProbe, gen is the entry's, for probed.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
 	h := maphash.Bytes(d.seeds[0], key)
 	sh := &d.shards[h&uint64(len(d.shards)-1)]
@@ -119,9 +117,8 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 	return denyMiss, res, 0
 }
 
-// refusal is what the store would answer, as far as e knows, to a request
-// of cost at now, when e's cost can succeed at retryAt and its bucket is
-// full at resetAt.
+// refusal is the store's answer, as far as e knows, to a request of cost at
+// now, when e's cost can succeed at retryAt and its bucket is full at resetAt.
 func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
 	retryAt += tokenTime(e.limit, cost-e.cost, false) // the tokens beyond e.cost
 	resetAfter := max(resetAt-now, 0)
@@ -164,8 +161,7 @@ func mulDiv(a, b, c uint64, up bool) (uint64, bool) {
 	return q, true
 }
 
-// denied records the store's denial res of a request of cost under lim,
-// replacing any entry of key.
+// denied records the store's denial res of key at cost under lim.
 func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Result) {
 	if res.RetryAfter <= 0 || cost <= 0 {
 		return // nothing to refuse locally
