@@ -142,9 +142,8 @@ func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 	return option(failIf(fn == nil, "WithKeyFunc: nil KeyFunc"), func(c *config) { c.keyFunc = fn })
 }
 
-// WithCost sets the tokens a request costs (default 1); 0 only reads the
-// bucket. A cost below 0 or above Burst is answered by the key-error
-// handler, never by a 429 inviting a retry.
+// WithCost sets the tokens a request costs (default 1; 0 reads the bucket);
+// a cost outside [0, Burst] goes to the key-error handler, never to a 429.
 func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
@@ -212,8 +211,7 @@ func WithSkip(fn func(r *http.Request) bool) Option {
 }
 
 // WithDryRun, if on (default off), makes the limiter decide and report every
-// request (Event.DryRun) but never refuse or delay one, nor write rate-limit
-// headers: a shadow mode to try a limit on real traffic.
+// request (Event.DryRun) but never refuse, delay or write headers: a shadow mode.
 func WithDryRun(on bool) Option {
 	return option(nil, func(c *config) { c.dryRun = on })
 }
@@ -276,11 +274,10 @@ func (p *Penalty) strikes() store.Limit {
 	return store.Limit{Rate: p.Strikes, Period: p.Within, Burst: p.Strikes}
 }
 
-// WithAllowList lets requests through as [WithSkip] does (default: none)
-// when the client's address is in an entry's network ("10.0.0.0/8",
-// "2001:db8::1") or the subject is an entry that is a key ("user:admin").
-// The address is the one [keyfuncs.ClientIPMiddleware] resolved, else the
-// one [keyfuncs.ClientIP] resolved as the key, else the TCP peer.
+// WithAllowList lets requests pass as [WithSkip] does (default: none) when the
+// client's address is in an entry's network ("10.0.0.0/8", "2001:db8::1") or
+// the subject is an entry that is a key ("user:admin"); the address is the one
+// [keyfuncs.ClientIPMiddleware], else [keyfuncs.ClientIP], resolved, else the peer.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -329,9 +326,8 @@ func parseAllowNet(e string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// allowedResolved reports whether the allow-list's networks are decided
-// before the key functions run (no networks, or keyfuncs.ClientIPMiddleware
-// resolved r's address), and if so whether they let r in.
+// allowedResolved reports whether r is allowed, and whether that is known before
+// the key functions run (no networks, or ClientIPMiddleware resolved r's address).
 func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if len(c.allowNets) == 0 {
 		return false, true
