@@ -217,11 +217,3 @@ func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	}
 	sh.n.Store(int32(len(sh.m)))
 }
-
-func (d *denyCache) len() int {
-	n := 0
-	for i := range d.shards {
-		n += int(d.shards[i].n.Load())
-	}
-	return n
-}

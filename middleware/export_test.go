@@ -9,6 +9,14 @@ func SetDenyCacheClock(l *Limiter, now func() time.Duration) { l.deny.now = now 
 // DenyCacheLen returns the number of entries in l's deny cache.
 func DenyCacheLen(l *Limiter) int { return l.deny.len() }
 
+func (d *denyCache) len() int {
+	n := 0
+	for i := range d.shards {
+		n += int(d.shards[i].n.Load())
+	}
+	return n
+}
+
 // LocalLen returns the number of buckets in l's FailLocal store.
 func LocalLen(l *Limiter) int { return l.local.Len() }
 
