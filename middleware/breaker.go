@@ -7,11 +7,9 @@ import (
 )
 
 const (
-	// DefaultBreakerFailures is the consecutive failures that open the
-	// circuit breaker unless [WithBreaker] says otherwise.
+	// DefaultBreakerFailures is the default of [WithBreaker]'s failures.
 	DefaultBreakerFailures = 5
-	// DefaultBreakerCooldown is how long the breaker stays open before it
-	// probes, unless [WithBreaker] says otherwise.
+	// DefaultBreakerCooldown is the default of [WithBreaker]'s cooldown.
 	DefaultBreakerCooldown = time.Second
 )
 
@@ -31,8 +29,7 @@ const (
 
 var breakerStates = [...]string{"closed", "open", "half-open"}
 
-// String returns the state's name: "closed", "open", "half-open", or
-// "unknown".
+// String returns the state's name ("closed", "open", "half-open") or "unknown".
 func (s BreakerState) String() string {
 	if s >= 0 && int(s) < len(breakerStates) {
 		return breakerStates[s]
