@@ -170,23 +170,22 @@ func SlogObserver(l *slog.Logger) Observer {
 			return
 		}
 		attrs := []slog.Attr{slog.String("limiter", e.Limiter), slog.String("event", e.Kind.String())}
-		if e.Kind == EventBreaker {
-			attrs = append(attrs, slog.String("from", e.From.String()), slog.String("to", e.To.String()))
-			l.LogAttrs(ctx, level, "tollgate breaker", attrs...)
-			return
-		}
-		attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost), slog.Duration("latency", e.Latency))
 		add := func(ok bool, a slog.Attr) {
 			if ok {
 				attrs = append(attrs, a)
 			}
 		}
-		add(e.Kind == EventAllowed || e.Kind == EventDenied, slog.Int("remaining", e.Result.Remaining))
-		add(e.Kind == EventDenied, slog.Duration("retry_after", e.Result.RetryAfter))
-		add(e.Local, slog.Bool("local", true))
-		add(e.DryRun, slog.Bool("dry_run", true))
-		add(e.Kind == EventFallback, slog.String("policy", e.Policy.String()))
-		add(e.Err != nil, slog.String("error", ErrorKind(e.Err))) // not its text, which may quote the key
+		if e.Kind == EventBreaker {
+			attrs = append(attrs, slog.String("from", e.From.String()), slog.String("to", e.To.String()))
+		} else {
+			attrs = append(attrs, slog.String("key_class", e.KeyClass), slog.Int("cost", e.Cost), slog.Duration("latency", e.Latency))
+			add(e.Kind == EventAllowed || e.Kind == EventDenied, slog.Int("remaining", e.Result.Remaining))
+			add(e.Kind == EventDenied, slog.Duration("retry_after", e.Result.RetryAfter))
+			add(e.Local, slog.Bool("local", true))
+			add(e.DryRun, slog.Bool("dry_run", true))
+			add(e.Kind == EventFallback, slog.String("policy", e.Policy.String()))
+			add(e.Err != nil, slog.String("error", ErrorKind(e.Err))) // not its text, which may quote the key
+		}
 		l.LogAttrs(ctx, level, "tollgate "+e.Kind.String(), attrs...)
 	})
 }
