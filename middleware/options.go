@@ -114,10 +114,9 @@ func failIf(bad bool, format string, args ...any) error {
 }
 
 // WithName sets the limiter's name, printable ASCII without '{', '}' or
-// ':': its buckets are "<name>:<subject>" and its RateLimit policy is name.
+// ':', which names its buckets and its RateLimit policy (see the package doc).
 // The default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
-// where [New] was called and how many limiters that place made before:
-// unique in a process, the same in every replica.
+// where [New] was called and how many limiters that place made before.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
