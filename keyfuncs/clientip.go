@@ -217,16 +217,13 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	}
 	res, k := &c.res, c.keyer
 	return func(r *http.Request) (string, error) {
+		var addr netip.Addr
 		if v, ok := r.Context().Value(clientAddrKey{}).(*clientAddrValue); ok && v.res.sameAs(res) {
-			record(r, v.addr)
-			return k.key(v.addr), nil
-		}
-		addr, ok := res.resolve(r)
-		if !ok {
+			addr = v.addr
+		} else if addr, ok = res.resolve(r); !ok {
 			return "", errNotAnAddr(r.RemoteAddr)
 		}
-		record(r, addr)
-		return k.key(addr), nil
+		return k.key(r, addr), nil
 	}, nil
 }
 
@@ -283,7 +280,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 	if err != nil {
 		return nil, err
 	}
-	if len(c.res.trusted) > 0 || c.sourceName != "" || c.maxSet {
+	if len(c.res.trusted) > 0 || c.sourceName != "" { // MaxForwarded needs a source
 		return nil, invalid("ClientIPFromContext takes only IPv4Prefix and IPv6Prefix: the function decides whom to trust")
 	}
 	k := c.keyer
@@ -296,8 +293,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 		if !ok {
 			return "", fmt.Errorf("keyfuncs: %w: client IP %q from the context is not an IP address", ErrNoKey, clip(s))
 		}
-		record(r, addr)
-		return k.key(addr), nil
+		return k.key(r, addr), nil
 	}, nil
 }
 
@@ -461,9 +457,6 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 			}
 			node, found = value, true
 		}
-	}
-	if !found {
-		return netip.Addr{}, false
 	}
 	// An obfuscated port (":_p") is dropped like a numeric one; "unknown"
 	// and obfuscated nodes ("_hidden") do not parse as addresses.

@@ -98,9 +98,13 @@ func canonicalIPv4Host(s string) (string, bool) {
 	return s[:i], true
 }
 
-// key returns the key of addr, which is unmapped, so that the IPv4 prefix
-// length applies to IPv4-mapped addresses.
-func (k ipKeyer) key(addr netip.Addr) string {
+// key returns the key of addr, which is unmapped so that the IPv4 prefix
+// length applies to IPv4-mapped addresses, and records addr in r's address
+// slot ([WithAddressSlot]).
+func (k ipKeyer) key(r *http.Request, addr netip.Addr) string {
+	if slot, ok := r.Context().Value(addrSlotKey{}).(*netip.Addr); ok {
+		*slot = addr
+	}
 	var buf [maxIPKeyLen]byte
 	return string(k.appendKey(buf[:0], addr))
 }

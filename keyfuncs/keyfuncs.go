@@ -67,12 +67,6 @@ func WithAddressSlot(ctx context.Context, slot *netip.Addr) context.Context {
 	return context.WithValue(ctx, addrSlotKey{}, slot)
 }
 
-func record(r *http.Request, addr netip.Addr) {
-	if slot, ok := r.Context().Value(addrSlotKey{}).(*netip.Addr); ok {
-		*slot = addr
-	}
-}
-
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("keyfuncs: %w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
