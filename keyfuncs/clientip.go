@@ -10,48 +10,39 @@ import (
 )
 
 // DefaultMaxForwarded is how many elements of X-Forwarded-For or Forwarded
-// [ClientIP] walks from the right unless [MaxForwarded] says otherwise.
+// [ClientIP] walks unless [MaxForwarded] says otherwise.
 const DefaultMaxForwarded = 20
 
-// maxForwardedBytes bounds the bytes of a forwarding header read, from the
-// right, so that a hostile header costs bounded work.
-const maxForwardedBytes = 8 << 10
-
 const (
-	headerXFF       = "X-Forwarded-For"
-	headerForwarded = "Forwarded"
+	maxForwardedBytes = 8 << 10 // read of a forwarding header, from the right
+	headerXFF         = "X-Forwarded-For"
+	headerForwarded   = "Forwarded"
 )
 
 // An IPOption configures [ClientIP], [ClientIPMiddleware] or
-// [ClientIPFromContext]. The zero IPOption is an error wrapping
-// [ErrInvalidConfig].
+// [ClientIPFromContext]; the zero IPOption is invalid.
 type IPOption struct {
 	apply func(*ipConfig) error
 }
 
-// resolver finds the client address of a request; it is immutable.
-type resolver struct {
+// ipConfig finds the client address of a request and keys it; it is
+// immutable once built.
+type ipConfig struct {
 	trusted []netip.Prefix // masked; IPv4-mapped networks unmapped
 	header  string         // the source's header; "" for none (the peer)
 	single  bool           // header holds one address, not a list
 	hops    int            // > 0: the client is hop n of X-Forwarded-For
 	max     int            // list elements walked at most
+	maxSet  bool
+	source  string // the source's option, for error messages; "" for none
+	keyer   ipKeyer
 }
 
-type ipConfig struct {
-	res        resolver
-	keyer      ipKeyer
-	sourceName string // for error messages; "" for none
-	maxSet     bool
-}
-
-// TrustProxies adds trusted proxy networks, as CIDRs ("10.0.0.0/8") or bare
-// addresses: headers are read only from a TCP peer inside one, and
-// [FromXForwardedFor] and [FromForwarded] skip the addresses inside them.
-// Calls add up; by default none is trusted. IPv4 and IPv6 are distinct
-// ("::/0" holds no IPv4 address); IPv4-mapped networks are read as IPv4. No
-// argument, or one that is not a network or has a zone, is an error of the
-// constructor.
+// TrustProxies adds one or more trusted proxy networks, CIDRs or bare
+// addresses without zone: headers are read only from a TCP peer inside one,
+// and [FromXForwardedFor] and [FromForwarded] skip the addresses inside them.
+// Calls add up; none is trusted by default. IPv4 and IPv6 are distinct
+// ("::/0" holds no IPv4 address); IPv4-mapped networks are read as IPv4.
 func TrustProxies(cidrs ...string) IPOption {
 	cidrs = slices.Clone(cidrs) // the caller may reuse its slice
 	return IPOption{func(c *ipConfig) error {
@@ -63,14 +54,14 @@ func TrustProxies(cidrs ...string) IPOption {
 			if !ok {
 				return invalid("TrustProxies %q is not an IP network (CIDR) or address", s)
 			}
-			c.res.trusted = append(c.res.trusted, p)
+			c.trusted = append(c.trusted, p)
 		}
 		return nil
 	}}
 }
 
-// parseTrusted returns the masked network of a CIDR or a bare address,
-// IPv4-mapped networks of /96 or longer unmapped.
+// parseTrusted returns the masked network of s, unmapped if IPv4-mapped and
+// /96 or longer.
 func parseTrusted(s string) (netip.Prefix, bool) {
 	p, err := netip.ParsePrefix(s)
 	if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
@@ -87,28 +78,25 @@ func parseTrusted(s string) (netip.Prefix, bool) {
 }
 
 // FromXForwardedFor reads the client from X-Forwarded-For, its field lines
-// as one list walked from the right (the left is whatever the client sent):
-// trusted addresses are skipped and the first other one is the client, or
-// the leftmost if all are trusted. Empty elements and spaces are ignored; an
-// element that is not an address gives the peer. It needs [TrustProxies].
+// as one list walked from the right: the first address not trusted is the
+// client, or the leftmost if all are. Empty elements and spaces are ignored;
+// an element that is not an address gives the peer.
 func FromXForwardedFor() IPOption {
-	return source("FromXForwardedFor", resolver{header: headerXFF}, nil)
+	return source("FromXForwardedFor", ipConfig{header: headerXFF}, nil)
 }
 
-// FromForwarded reads the client from the for= parameters of the RFC 7239
-// Forwarded header, walked as [FromXForwardedFor] walks; quoted values, ports
-// (also obfuscated, ":_p") and names in any case are read. An element whose
-// for= is "unknown", obfuscated, missing, repeated or malformed gives the
-// peer. It needs [TrustProxies].
+// FromForwarded reads the client from the for= parameters of RFC 7239
+// Forwarded, walked as [FromXForwardedFor] walks; quoted values, ports (also
+// obfuscated, ":_p") and names in any case are read. A for= that is
+// "unknown", obfuscated, missing, repeated or malformed gives the peer.
 func FromForwarded() IPOption {
-	return source("FromForwarded", resolver{header: headerForwarded}, nil)
+	return source("FromForwarded", ipConfig{header: headerForwarded}, nil)
 }
 
-// FromHeader reads the client from a header of one address that the trusted
-// proxy overwrites, such as X-Real-IP (one that passes the client's value
-// through lets the client choose its key): the last field line, or the peer
-// if that is not one address. An invalid name, X-Forwarded-For or Forwarded
-// is an error of the constructor. It needs [TrustProxies].
+// FromHeader reads the client from the last field line of a header of one
+// address that the proxy overwrites, such as X-Real-IP (one it passes through
+// lets the client choose its key), or the peer if that is not one address.
+// The list headers X-Forwarded-For and Forwarded are invalid here.
 func FromHeader(name string) IPOption {
 	canon := http.CanonicalHeaderKey(name)
 	var err error
@@ -117,30 +105,29 @@ func FromHeader(name string) IPOption {
 	} else if canon == headerXFF || canon == headerForwarded {
 		err = invalid("FromHeader(%q) reads one address; for a list use FromXForwardedFor, FromForwarded or TrustedHops", name)
 	}
-	return source(fmt.Sprintf("FromHeader(%q)", name), resolver{header: canon, single: true}, err)
+	return source(fmt.Sprintf("FromHeader(%q)", name), ipConfig{header: canon, single: true}, err)
 }
 
 // TrustedHops reads the client from X-Forwarded-For by position, for proxies
-// that cannot be listed and each append one address: the address n places
-// from the right, the peer being hop 0 (TrustedHops(2) behind a CDN and a
-// load balancer). [TrustProxies] then only says whose headers are read.
-// Fewer than n addresses, or a malformed one, gives the peer. An n below 1
-// or above [MaxForwarded] is an error of the constructor.
+// that cannot be listed and each append one address: the address n (1 to
+// [MaxForwarded]) places from the right, the peer being hop 0. [TrustProxies]
+// only says whose headers are read. Fewer than n addresses, or a malformed
+// one, gives the peer.
 func TrustedHops(n int) IPOption {
 	var err error
 	if n < 1 {
 		err = invalid("TrustedHops %d is less than 1 (hop 0 is the peer: use no source)", n)
 	}
-	return source(fmt.Sprintf("TrustedHops(%d)", n), resolver{header: headerXFF, hops: n}, err)
+	return source(fmt.Sprintf("TrustedHops(%d)", n), ipConfig{header: headerXFF, hops: n}, err)
 }
 
 // source returns an IPOption that sets the source of s, or fails with err.
-func source(name string, s resolver, err error) IPOption {
+func source(name string, s ipConfig, err error) IPOption {
 	return IPOption{func(c *ipConfig) error {
-		if c.sourceName != "" {
-			return invalid("two sources, %s and %s: choose one", c.sourceName, name)
+		if c.source != "" {
+			return invalid("two sources, %s and %s: choose one", c.source, name)
 		}
-		c.res.header, c.res.single, c.res.hops, c.sourceName = s.header, s.single, s.hops, name
+		c.header, c.single, c.hops, c.source = s.header, s.single, s.hops, name
 		return err
 	}}
 }
@@ -157,15 +144,15 @@ func IPv4Prefix(bits int) IPOption {
 	return rangeOption("IPv4Prefix", bits, 32, func(c *ipConfig) { c.keyer.v4Bits = bits })
 }
 
-// MaxForwarded caps the elements walked in X-Forwarded-For or Forwarded:
-// 1 to 256, [DefaultMaxForwarded] by default. A longer chain gives the peer,
-// as does an element cut at the 8 KiB of a header that are read. It needs
-// FromXForwardedFor, FromForwarded or TrustedHops.
+// MaxForwarded caps the elements that [FromXForwardedFor], [FromForwarded]
+// or [TrustedHops], which it needs, walk: 1 to 256, [DefaultMaxForwarded] by
+// default. A longer chain, or an element cut at the 8 KiB of a header that
+// are read, gives the peer.
 func MaxForwarded(n int) IPOption {
-	return rangeOption("MaxForwarded", n, 256, func(c *ipConfig) { c.res.max, c.maxSet = n, true })
+	return rangeOption("MaxForwarded", n, 256, func(c *ipConfig) { c.max, c.maxSet = n, true })
 }
 
-// rangeOption returns an IPOption that calls set if n is within [1, max].
+// rangeOption returns an IPOption that calls set if n is in [1, max].
 func rangeOption(name string, n, max int, set func(*ipConfig)) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if n < 1 || n > max {
@@ -177,70 +164,64 @@ func rangeOption(name string, n, max int, set func(*ipConfig)) IPOption {
 }
 
 // newIPConfig applies and validates opts for the constructor named who.
-func newIPConfig(who string, opts []IPOption) (ipConfig, error) {
-	c := ipConfig{res: resolver{max: DefaultMaxForwarded}, keyer: defaultIPKeyer}
+func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
+	c := &ipConfig{max: DefaultMaxForwarded, keyer: defaultIPKeyer}
 	for i, o := range opts {
 		if o.apply == nil {
-			return ipConfig{}, invalid("%s option %d is the zero IPOption", who, i)
+			return nil, invalid("%s option %d is the zero IPOption", who, i)
 		}
-		if err := o.apply(&c); err != nil {
-			return ipConfig{}, err
+		if err := o.apply(c); err != nil {
+			return nil, err
 		}
 	}
-	switch res := &c.res; {
-	case c.maxSet && (res.header == "" || res.single):
-		return ipConfig{}, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
-	case res.hops > res.max:
-		return ipConfig{}, invalid("%s is more than MaxForwarded %d", c.sourceName, res.max)
-	case res.header != "" && len(res.trusted) == 0:
+	switch {
+	case c.maxSet && (c.header == "" || c.single):
+		return nil, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
+	case c.hops > c.max:
+		return nil, invalid("%s is more than MaxForwarded %d", c.source, c.max)
+	case c.header != "" && len(c.trusted) == 0:
 		// It would never read its header: behind a load balancer, one bucket for all.
-		return ipConfig{}, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
-			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.sourceName)
+		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
+			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.source)
 	}
 	return c, nil
 }
 
-// ClientIP returns a KeyFunc that keys a request by its client's address, in
-// the keys of [PeerIP]: the TCP peer or, when the peer is inside
-// [TrustProxies], the address that the one source ([FromXForwardedFor],
-// [FromForwarded], [FromHeader] or [TrustedHops]) names; a header that is
-// missing, malformed ("010.1.1.1") or over-long gives the peer. A RemoteAddr
-// that does not parse is an error wrapping [ErrNoKey]. A source without
-// TrustProxies, two sources, or an option out of range is an error wrapping
-// [ErrInvalidConfig]. An address that [ClientIPMiddleware] stored with the
-// same options is reused; the address is recorded in the request's address
-// slot, if any ([WithAddressSlot]).
+// ClientIP returns a KeyFunc that keys a request as [PeerIP] does, by the
+// TCP peer or, if the peer is inside [TrustProxies], by the address its one
+// source ([FromXForwardedFor], [FromForwarded], [FromHeader], [TrustedHops])
+// names; a missing, malformed ("010.1.1.1") or over-long header gives the
+// peer. A source without TrustProxies, or two, is invalid. It reuses what a
+// [ClientIPMiddleware] of the same options stored, and records the address
+// in the request's [WithAddressSlot].
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {
 		return nil, err
 	}
-	res, k := &c.res, c.keyer
 	return func(r *http.Request) (string, error) {
 		var addr netip.Addr
-		if v, ok := r.Context().Value(clientAddrKey{}).(*clientAddrValue); ok && v.res.sameAs(res) {
+		if v, ok := r.Context().Value(clientAddrKey{}).(*clientAddrValue); ok && v.c.sameAs(c) {
 			addr = v.addr
-		} else if addr, ok = res.resolve(r); !ok {
+		} else if addr, ok = c.resolve(r); !ok {
 			return "", errNotAnAddr(r.RemoteAddr)
 		}
-		return k.key(r, addr), nil
+		return c.keyer.key(r, addr), nil
 	}, nil
 }
 
 // ClientIPMiddleware returns middleware that resolves each request's client
-// address as [ClientIP] with opts does, and stores it, whole, in the context
-// for [ClientAddr] and for a ClientIP of the same options; RemoteAddr and the
-// headers are left as they are. Invalid opts are an error, as for ClientIP.
+// address as [ClientIP] does and stores it, whole, in the context for
+// [ClientAddr] and ClientIP; RemoteAddr and the headers are left as they are.
 func ClientIPMiddleware(opts ...IPOption) (func(http.Handler) http.Handler, error) {
 	c, err := newIPConfig("ClientIPMiddleware", opts)
 	if err != nil {
 		return nil, err
 	}
-	res := &c.res
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if addr, ok := res.resolve(r); ok {
-				r = r.WithContext(context.WithValue(r.Context(), clientAddrKey{}, &clientAddrValue{addr, res}))
+			if addr, ok := c.resolve(r); ok {
+				r = r.WithContext(context.WithValue(r.Context(), clientAddrKey{}, &clientAddrValue{addr, c}))
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -249,11 +230,11 @@ func ClientIPMiddleware(opts ...IPOption) (func(http.Handler) http.Handler, erro
 
 type clientAddrKey struct{}
 
-// clientAddrValue holds the resolver that found addr, so that a KeyFunc
-// reuses only what its own configuration would have found.
+// clientAddrValue holds the configuration that found addr: a KeyFunc reuses
+// only what its own would have found.
 type clientAddrValue struct {
 	addr netip.Addr
-	res  *resolver
+	c    *ipConfig
 }
 
 // ClientAddr returns the client address that [ClientIPMiddleware] stored in
@@ -267,11 +248,8 @@ func ClientAddr(ctx context.Context) (netip.Addr, bool) {
 
 // ClientIPFromContext returns a KeyFunc that keys a request as [ClientIP]
 // does, by the address fn reads from its context, such as chi's
-// middleware.GetClientIP (chi v5.3 and later). Only [IPv4Prefix] and
-// [IPv6Prefix] apply, as fn decides whom to trust: other options, or a nil
-// fn, are an error wrapping [ErrInvalidConfig]. fn returning "" or no
-// address is an error wrapping [ErrNoKey]. The address is recorded in the
-// request's address slot, if any ([WithAddressSlot]).
+// middleware.GetClientIP (chi v5.3 and later). fn decides whom to trust, so
+// options other than [IPv4Prefix] and [IPv6Prefix] are invalid.
 func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("ClientIPFromContext function is nil")
@@ -280,10 +258,9 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 	if err != nil {
 		return nil, err
 	}
-	if len(c.res.trusted) > 0 || c.sourceName != "" { // MaxForwarded needs a source
+	if len(c.trusted) > 0 || c.source != "" { // MaxForwarded needs a source
 		return nil, invalid("ClientIPFromContext takes only IPv4Prefix and IPv6Prefix: the function decides whom to trust")
 	}
-	k := c.keyer
 	return func(r *http.Request) (string, error) {
 		s := fn(r.Context())
 		if s == "" {
@@ -293,32 +270,32 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 		if !ok {
 			return "", fmt.Errorf("keyfuncs: %w: client IP %q from the context is not an IP address", ErrNoKey, clip(s))
 		}
-		return k.key(r, addr), nil
+		return c.keyer.key(r, addr), nil
 	}, nil
 }
 
 var errNoClientIP = fmt.Errorf("keyfuncs: %w: no client IP in the request context", ErrNoKey)
 
-// sameAs reports whether res and o resolve every request alike.
-func (res *resolver) sameAs(o *resolver) bool {
-	return res == o || res.header == o.header && res.single == o.single && res.hops == o.hops &&
-		res.max == o.max && slices.Equal(res.trusted, o.trusted)
+// sameAs reports whether c and o resolve every request alike.
+func (c *ipConfig) sameAs(o *ipConfig) bool {
+	return c == o || c.header == o.header && c.single == o.single && c.hops == o.hops &&
+		c.max == o.max && slices.Equal(c.trusted, o.trusted)
 }
 
-func (res *resolver) isTrusted(addr netip.Addr) bool {
-	return slices.ContainsFunc(res.trusted, func(p netip.Prefix) bool { return p.Contains(addr) })
+func (c *ipConfig) isTrusted(addr netip.Addr) bool {
+	return slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Contains(addr) })
 }
 
-// resolve returns the client address of r, or false when RemoteAddr does
-// not parse.
-func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
+// resolve returns the client address of r, or false if RemoteAddr does not
+// parse.
+func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseAddr(r.RemoteAddr)
-	if !ok || res.header == "" || !res.isTrusted(peer) {
+	if !ok || c.header == "" || !c.isTrusted(peer) {
 		return peer, ok
 	}
-	lines := r.Header[res.header]
-	if !res.single {
-		return res.walk(lines, peer), true
+	lines := r.Header[c.header]
+	if !c.single {
+		return c.walk(lines, peer), true
 	}
 	// The last field line is the one the proxy wrote.
 	if n := len(lines); n > 0 && len(lines[n-1]) <= maxForwardedBytes {
@@ -330,44 +307,34 @@ func (res *resolver) resolve(r *http.Request) (netip.Addr, bool) {
 }
 
 // walk returns the client address that a list header's field lines name,
-// read from the right, or peer. An element that reaches the edge of the
-// maxForwardedBytes read may have been cut ("11.2.3.4" to "1.2.3.4"), so it
-// gives the peer.
-func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
-	forwarded, parse := res.header == headerForwarded, parseAddr
-	if forwarded {
-		parse = forwardedFor
+// or peer. An element at the edge of the maxForwardedBytes read may have been
+// cut ("11.2.3.4" to "1.2.3.4"), so it gives the peer.
+func (c *ipConfig) walk(lines []string, peer netip.Addr) netip.Addr {
+	lastComma, parse := lastListComma, parseAddr
+	if c.header == headerForwarded {
+		lastComma, parse = lastElementComma, forwardedFor
 	}
 	budget := maxForwardedBytes
 	n := 0       // elements examined
 	last := peer // the last address examined: the client when all are trusted
 	for i := len(lines) - 1; i >= 0; i-- {
-		line := lines[i]
-		cut := len(line) > budget
-		if cut {
-			line = line[len(line)-budget:]
-		}
+		line := lines[i][max(0, len(lines[i])-budget):]
+		cut := len(line) < len(lines[i])
 		budget -= len(line)
 		for {
-			j := strings.LastIndexByte(line, ',') // the comma before the last element, or -1
-			if forwarded {
-				var ok bool
-				if j, ok = lastElementComma(line); !ok {
-					return peer // an unterminated quoted string
-				}
-			}
-			if j < 0 && cut {
-				return peer
+			j, ok := lastComma(line) // the comma before the last element, or -1
+			if !ok || j < 0 && cut {
+				return peer // an open quoted string, or a cut element
 			}
 			if elem := trimOWS(line[j+1:]); elem != "" {
-				if n++; n > res.max {
+				if n++; n > c.max {
 					return peer
 				}
 				addr, ok := parse(elem)
 				switch {
 				case !ok:
 					return peer
-				case res.hops > 0 && n == res.hops, res.hops == 0 && !res.isTrusted(addr):
+				case c.hops > 0 && n == c.hops, c.hops == 0 && !c.isTrusted(addr):
 					return addr
 				}
 				last = addr
@@ -378,16 +345,17 @@ func (res *resolver) walk(lines []string, peer netip.Addr) netip.Addr {
 			line = line[:j]
 		}
 	}
-	if res.hops > 0 {
+	if c.hops > 0 {
 		return peer // fewer than hops addresses
 	}
 	return last
 }
 
+func lastListComma(s string) (int, bool) { return strings.LastIndexByte(s, ','), true }
+
 // lastElementComma returns the index of the last comma of a Forwarded line
 // outside quoted strings, or -1; ok is false for an open quote. It scans from
-// the right, so that what the client wrote on the left cannot hide the
-// proxies' elements.
+// the right: what the client wrote on the left cannot hide the proxies' part.
 func lastElementComma(s string) (j int, ok bool) {
 	quoted := false
 	for i := len(s) - 1; i >= 0; i-- {
@@ -397,11 +365,10 @@ func lastElementComma(s string) (j int, ok bool) {
 			for quoted && k > 0 && s[k-1] == '\\' {
 				k--
 			}
-			if (i-k)%2 == 1 {
-				i = k // an escaped quote: skip it and its backslashes
-				continue
+			if (i-k)%2 == 0 {
+				quoted = !quoted // not escaped
 			}
-			quoted = !quoted
+			i = k // skip the backslashes
 		case ',':
 			if !quoted {
 				return i, true
@@ -471,16 +438,14 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 	return parseAddr(node)
 }
 
-// isObfuscatedChar reports whether c may follow the '_' of an obfuscated
-// RFC 7239 node or port.
+// isObfuscatedChar reports whether c may follow the '_' of an obfuscated port.
 func isObfuscatedChar(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 func isOWS(c byte) bool { return c == ' ' || c == '\t' }
 
-// trimOWS trims the spaces and tabs around s (strings.Trim takes 5 times as
-// long, per element walked).
+// trimOWS trims spaces and tabs: strings.Trim takes 5 times as long per element.
 func trimOWS(s string) string {
 	s = s[span(s, isOWS):]
 	for len(s) > 0 && isOWS(s[len(s)-1]) {

@@ -7,22 +7,15 @@
 // Keys are namespaced ("ip:", "key:", "user:", "route:") and short: header
 // values, and ids or patterns over 64 bytes or outside printable ASCII, are
 // hashed (22 characters of base64url SHA-256). A request without a key is an
-// error wrapping [ErrNoKey], never a shared bucket.
+// error wrapping [ErrNoKey], never a shared bucket; a constructor given
+// unusable arguments returns an error wrapping [ErrInvalidConfig].
 //
 // # Trust model
 //
-// Any client can send any header; a proxy appends to X-Forwarded-For or
-// Forwarded, or overwrites a single-address header. So [PeerIP] reads no
-// header, and [ClientIP] reads one only from a peer inside [TrustProxies]
-// (none by default), from the right, the end your proxies wrote: the client
-// is the first untrusted address, never the leftmost, which a client could
-// set to a fresh value per request or to a victim's. Malformed headers give
-// the peer. IPv6 is grouped by /64, which one client can rotate through.
-//
-// # Example
-//
-//	kf, err := keyfuncs.ClientIP(
-//		keyfuncs.TrustProxies("10.0.0.0/8"), // your load balancers
-//		keyfuncs.FromXForwardedFor(),
-//	)
+// Any client can send any header, so [PeerIP] reads none, and [ClientIP]
+// reads one only from a peer inside [TrustProxies] (none by default), from
+// the right, the end your proxies wrote: the client is the first untrusted
+// address, never the leftmost, which a client could set to a fresh value per
+// request or to a victim's. Malformed headers give the peer. IPv6 is grouped
+// by /64, which one client can rotate through.
 package keyfuncs

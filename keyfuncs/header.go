@@ -9,9 +9,7 @@ import (
 // Header keys a request by a header that identifies the client, such as an
 // API key: "key:" and the hash of the value (26 bytes), so the secret never
 // reaches the store. The name is canonicalised; the first field line is used
-// as it is, not split or trimmed. A missing or empty value is an error
-// wrapping [ErrNoKey]; an invalid name is an error wrapping
-// [ErrInvalidConfig].
+// as it is, not split or trimmed, and must not be empty.
 func Header(name string) (KeyFunc, error) {
 	if !validHeaderName(name) {
 		return nil, invalid("Header name %q is not a valid header field name", name)
@@ -29,12 +27,12 @@ func Header(name string) (KeyFunc, error) {
 	}, nil
 }
 
-// validHeaderName reports whether s is an RFC 9110 token.
 func validHeaderName(s string) bool {
 	return s != "" && span(s, isTokenChar) == len(s)
 }
 
-// isTokenChar reports whether c may appear in an RFC 9110 token.
+// isTokenChar reports whether c may appear in an RFC 9110 token, such as a
+// header name.
 func isTokenChar(c byte) bool {
 	switch c {
 	case '"', '(', ')', ',', '/', ':', ';', '<', '=', '>', '?', '@', '[', '\\', ']', '{', '}':
@@ -45,9 +43,7 @@ func isTokenChar(c byte) bool {
 
 // User keys a request by the authenticated user id that fn reads from its
 // context: "user:<id>", or "user:#" and the hash of an id longer than 64
-// bytes, starting with '#' or with a byte outside printable ASCII. fn
-// returning "" is an error wrapping [ErrNoKey]; a nil fn is an error
-// wrapping [ErrInvalidConfig].
+// bytes, starting with '#' or with a byte outside printable ASCII.
 func User(fn func(ctx context.Context) string) (KeyFunc, error) {
 	if fn == nil {
 		return nil, invalid("User function is nil")

@@ -9,13 +9,11 @@ import (
 	"strings"
 )
 
-// PeerIP keys a request by its TCP peer, r.RemoteAddr: "ip:" and the
-// address, IPv4 whole ("ip:192.0.2.1"), IPv6 by its /64
-// ("ip:2001:db8:1:2::/64"), port and zone dropped, IPv4-mapped IPv6 read as
-// IPv4 before grouping; at most 46 bytes. RemoteAddr may be "ip:port",
-// "[ipv6%zone]:port" or a bare address; IPv6 without brackets is read whole.
-// One that does not parse is an error wrapping [ErrNoKey]. Behind a proxy,
-// every client has the proxy's address: use [ClientIP] there.
+// PeerIP keys a request by its TCP peer, r.RemoteAddr ("ip:port",
+// "[ipv6%zone]:port" or a bare address, IPv6 without brackets read whole):
+// "ip:" and the address, IPv4 whole ("ip:192.0.2.1"), IPv6 by its /64
+// ("ip:2001:db8:1:2::/64"), IPv4-mapped IPv6 read as IPv4 before grouping;
+// at most 46 bytes. Behind a proxy, use [ClientIP].
 func PeerIP(r *http.Request) (string, error) {
 	return defaultIPKeyer.peer(r)
 }
@@ -29,8 +27,7 @@ func AppendPeerIP(dst []byte, r *http.Request) ([]byte, error) {
 // PeerIPPrefix returns [PeerIP] with other prefix lengths: v4Bits for IPv4
 // (1 to 32, PeerIP's 32) and v6Bits for IPv6 (1 to 128, PeerIP's 64). A
 // full-length prefix keys the bare address, any other is in CIDR notation
-// ("ip:192.0.2.0/24"). A length out of range is an error wrapping
-// [ErrInvalidConfig].
+// ("ip:192.0.2.0/24").
 func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	if v4Bits < 1 || v4Bits > 32 {
 		return nil, invalid("PeerIPPrefix v4Bits %d is outside [1, 32]", v4Bits)
@@ -41,7 +38,7 @@ func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	return ipKeyer{v4Bits, v6Bits}.peer, nil
 }
 
-// defaultIPKeyer groups IPv6 by /64: a client can use any address of its /64.
+// defaultIPKeyer groups IPv6 by /64, any of whose addresses a client can use.
 var defaultIPKeyer = ipKeyer{v4Bits: 32, v6Bits: 64}
 
 // ipKeyer turns addresses into "ip:" keys at given prefix lengths.
@@ -58,9 +55,7 @@ func (k ipKeyer) peer(r *http.Request) (string, error) {
 
 func (k ipKeyer) appendPeer(dst []byte, r *http.Request) ([]byte, error) {
 	if k.v4Bits == 32 {
-		// net/http writes an IPv4 peer as "a.b.c.d:port", already in the
-		// key's form: copying it rather than parsing and formatting it
-		// halves the time of AppendPeerIP, the middleware's default key.
+		// Copying net/http's "a.b.c.d:port" halves AppendPeerIP, the default key.
 		if host, ok := canonicalIPv4Host(r.RemoteAddr); ok {
 			return append(append(dst, "ip:"...), host...), nil
 		}
@@ -72,8 +67,8 @@ func (k ipKeyer) appendPeer(dst []byte, r *http.Request) ([]byte, error) {
 	return k.appendKey(dst, addr), nil
 }
 
-// canonicalIPv4Host returns the address of s when s is "a.b.c.d:port" with
-// the address as netip.Addr.String writes it and a valid port.
+// canonicalIPv4Host returns the address of s if s is "a.b.c.d:port", the
+// address as netip.Addr.String writes it.
 func canonicalIPv4Host(s string) (string, bool) {
 	i := 0
 	for field := 0; field < 4; field++ {
@@ -98,9 +93,8 @@ func canonicalIPv4Host(s string) (string, bool) {
 	return s[:i], true
 }
 
-// key returns the key of addr, which is unmapped so that the IPv4 prefix
-// length applies to IPv4-mapped addresses, and records addr in r's address
-// slot ([WithAddressSlot]).
+// key returns the key of addr (unmapped, so that the IPv4 prefix length
+// applies to IPv4-mapped addresses) and records addr in r's address slot.
 func (k ipKeyer) key(r *http.Request, addr netip.Addr) string {
 	if slot, ok := r.Context().Value(addrSlotKey{}).(*netip.Addr); ok {
 		*slot = addr
@@ -125,9 +119,8 @@ func (k ipKeyer) appendKey(b []byte, addr netip.Addr) []byte {
 	return p.AppendTo(b)
 }
 
-// appendPrefix6 appends the prefix of length bits (1 to 64) of IPv6 addr as
-// netip.Prefix.AppendTo does, in a third of the time (the /64 is the default).
-// Its low 64 bits are zero: RFC 5952's "::" is the run that ends it.
+// appendPrefix6 appends IPv6 addr's prefix of 1 to 64 bits as netip.Prefix
+// does, in a third of the time (the /64 is the default), its "::" at the end.
 func appendPrefix6(b []byte, addr netip.Addr, bits int) []byte {
 	a := addr.As16()
 	hi := binary.BigEndian.Uint64(a[:8]) &^ (1<<(64-bits) - 1)
@@ -144,8 +137,7 @@ func appendPrefix6(b []byte, addr netip.Addr, bits int) []byte {
 	return strconv.AppendInt(append(b, "::/"...), int64(bits), 10)
 }
 
-// appendHex16 appends v in lower-case hexadecimal without leading zeros
-// (strconv.AppendUint takes over ten times as long).
+// appendHex16 appends v in hex: strconv.AppendUint takes over ten times as long.
 func appendHex16(b []byte, v uint16) []byte {
 	const digits = "0123456789abcdef"
 	switch {
@@ -161,36 +153,26 @@ func appendHex16(b []byte, v uint16) []byte {
 	return append(b, digits[v&0xf])
 }
 
-// parseAddr reads an address in the forms of RemoteAddr (see PeerIP), also
-// those of forwarded addresses: brackets hold only IPv6, a port is 1 to 5
-// digits. It returns the address without zone and unmapped.
+// parseAddr reads an address in the forms of RemoteAddr (see PeerIP), with
+// brackets only around IPv6 and ports of 1 to 5 digits, without zone, unmapped.
 func parseAddr(s string) (netip.Addr, bool) {
 	host, bracketed := s, strings.HasPrefix(s, "[")
 	if bracketed {
-		end := strings.IndexByte(s, ']')
-		if end < 0 {
+		h, rest, ok := strings.Cut(s[1:], "]")
+		if !ok || rest != "" && (rest[0] != ':' || !validPort(rest[1:])) {
 			return netip.Addr{}, false
 		}
-		if rest := s[end+1:]; rest != "" && (rest[0] != ':' || !validPort(rest[1:])) {
+		host = h
+	} else if h, port, ok := strings.Cut(s, ":"); ok && !strings.Contains(port, ":") {
+		if !validPort(port) {
 			return netip.Addr{}, false
 		}
-		host = s[1:end]
-	} else if i := strings.IndexByte(s, ':'); i >= 0 && strings.IndexByte(s[i+1:], ':') < 0 {
-		if !validPort(s[i+1:]) {
-			return netip.Addr{}, false
-		}
-		host = s[:i]
+		host = h
 	}
 	// netip.ParseAddr would intern the zone, only for us to drop it.
-	zoned := false
-	if i := strings.IndexByte(host, '%'); i >= 0 {
-		if i == len(host)-1 {
-			return netip.Addr{}, false // empty zone
-		}
-		host, zoned = host[:i], true
-	}
+	host, zone, zoned := strings.Cut(host, "%")
 	addr, err := netip.ParseAddr(host)
-	if err != nil || addr.Is4() && (zoned || bracketed) {
+	if err != nil || zoned && zone == "" || addr.Is4() && (zoned || bracketed) {
 		return netip.Addr{}, false
 	}
 	return addr.Unmap(), true
@@ -210,7 +192,7 @@ func validPort(p string) bool {
 	return n <= 65535
 }
 
-// clip returns s, cut to 64 bytes and "..." if longer, for an error message.
+// clip returns s for an error message, cut to 64 bytes and "..." if longer.
 func clip(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "..."

@@ -14,18 +14,17 @@ import (
 
 // KeyFunc extracts the rate-limit subject of a request, the key of the
 // bucket it is charged to, as httprate's KeyFunc does. It never returns an
-// empty key with a nil error; a request it cannot key is an error, wrapping
-// [ErrNoKey] when the request lacks what it reads. This package's KeyFuncs
-// are safe for concurrent use.
+// empty key with a nil error. This package's KeyFuncs are safe for
+// concurrent use.
 type KeyFunc func(r *http.Request) (string, error)
 
-// ErrNoKey is wrapped by the errors that mean the request has no key (no
-// usable address, header, user or pattern): the middleware refuses such a
-// request rather than charge a shared bucket.
+// ErrNoKey is wrapped by a KeyFunc's error when the request lacks what it
+// reads (a usable address, header, user or pattern): the middleware refuses
+// such a request rather than charge a shared bucket.
 var ErrNoKey = errors.New("no key")
 
 // ErrInvalidConfig is wrapped by the error of a constructor given unusable
-// arguments.
+// arguments or options (nil, empty, out of range or conflicting).
 var ErrInvalidConfig = errors.New("invalid configuration")
 
 const (
@@ -33,8 +32,8 @@ const (
 	hashLen    = 22 // characters of base64url SHA-256 in a hash: 132 bits
 )
 
-// appendHash appends the hash of s. Encoding the first 18 bytes of the
-// SHA-256 (24 characters) gives the prefix of the encoding of all 32.
+// appendHash appends the hash of s: 18 bytes of SHA-256 encode to a prefix
+// of the encoding of all 32.
 func appendHash(b []byte, s string) []byte {
 	sum := sha256.Sum256([]byte(s))
 	var enc [24]byte
@@ -43,8 +42,8 @@ func appendHash(b []byte, s string) []byte {
 }
 
 // subjectKey returns ns+s, or ns+"#" and the hash of s unless s is at most
-// maxPartLen bytes of printable ASCII, or errEmpty for an empty s. A kept s
-// never starts with '#', so it never poses as a hashed one.
+// maxPartLen bytes of printable ASCII not starting with '#' (so it never
+// poses as a hashed one), or errEmpty for an empty s.
 func subjectKey(ns, s string, errEmpty error) (string, error) {
 	printable := func(c byte) bool { return ' ' <= c && c <= '~' }
 	switch {
@@ -60,9 +59,9 @@ func subjectKey(ns, s string, errEmpty error) (string, error) {
 type addrSlotKey struct{}
 
 // WithAddressSlot returns a copy of ctx holding slot, where [ClientIP] and
-// [ClientIPFromContext] store the address they resolve (whole), however
-// they are called; a slot left empty means the peer. The middleware's
-// allow-list reads it, to match the client found behind trusted proxies.
+// [ClientIPFromContext], however called, store the address they resolve
+// (whole); a slot left empty means the peer. The middleware's allow-list
+// reads it.
 func WithAddressSlot(ctx context.Context, slot *netip.Addr) context.Context {
 	return context.WithValue(ctx, addrSlotKey{}, slot)
 }
@@ -71,9 +70,8 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("keyfuncs: %w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 }
 
-// Static returns a KeyFunc that returns key for every request, a global
-// limit. The key is not namespaced: pick one unlike other KeyFuncs' keys,
-// such as "global". An empty key is an error wrapping [ErrInvalidConfig].
+// Static returns a KeyFunc that returns key, not empty, for every request: a
+// global limit. It is not namespaced: pick one unlike others, such as "global".
 func Static(key string) (KeyFunc, error) {
 	if key == "" {
 		return nil, invalid("Static key is empty")
@@ -84,9 +82,7 @@ func Static(key string) (KeyFunc, error) {
 // Join returns a KeyFunc of a composite key, such as per user per route: the
 // parts' keys in order, separated by '|', with '\' and '|' escaped by a '\',
 // so different tuples never share a key. A part's error is returned wrapped,
-// naming its index from 0, and a part's empty key is an error wrapping
-// [ErrNoKey]. No functions, or a nil one, is an error wrapping
-// [ErrInvalidConfig].
+// and an empty key as [ErrNoKey], naming the part's index from 0.
 func Join(fns ...KeyFunc) (KeyFunc, error) {
 	if len(fns) == 0 {
 		return nil, invalid("Join needs at least one KeyFunc")
