@@ -25,8 +25,7 @@ type IPOption struct {
 	apply func(*ipConfig) error
 }
 
-// ipConfig finds the client address of a request and keys it; it is
-// immutable once built.
+// ipConfig finds the client address of a request and keys it; immutable once built.
 type ipConfig struct {
 	trusted []netip.Prefix // masked; IPv4-mapped networks unmapped
 	header  string         // the source's header; "" for none (the peer)
@@ -60,8 +59,7 @@ func TrustProxies(cidrs ...string) IPOption {
 	}}
 }
 
-// parseTrusted returns the masked network of s, unmapped if IPv4-mapped and
-// /96 or longer.
+// parseTrusted returns the masked network of s, unmapped if IPv4-mapped and /96+.
 func parseTrusted(s string) (netip.Prefix, bool) {
 	p, err := netip.ParsePrefix(s)
 	if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
@@ -110,9 +108,8 @@ func FromHeader(name string) IPOption {
 
 // TrustedHops reads the client from X-Forwarded-For by position, for proxies
 // that cannot be listed and each append one address: the address n (1 to
-// [MaxForwarded]) places from the right, the peer being hop 0. [TrustProxies]
-// only says whose headers are read. Fewer than n addresses, or a malformed
-// one, gives the peer.
+// [MaxForwarded]) places from the right, the peer being hop 0, or the peer if
+// fewer or malformed. [TrustProxies] only says whose headers are read.
 func TrustedHops(n int) IPOption {
 	var err error
 	if n < 1 {
@@ -144,10 +141,9 @@ func IPv4Prefix(bits int) IPOption {
 	return rangeOption("IPv4Prefix", bits, 32, func(c *ipConfig) { c.keyer.v4Bits = bits })
 }
 
-// MaxForwarded caps the elements that [FromXForwardedFor], [FromForwarded]
-// or [TrustedHops], which it needs, walk: 1 to 256, [DefaultMaxForwarded] by
-// default. A longer chain, or an element cut at the 8 KiB of a header that
-// are read, gives the peer.
+// MaxForwarded caps the elements walked by [FromXForwardedFor], [FromForwarded]
+// or [TrustedHops], which it needs: 1 to 256, [DefaultMaxForwarded] by default.
+// A longer chain, or an element cut at the 8 KiB read of a header, gives the peer.
 func MaxForwarded(n int) IPOption {
 	return rangeOption("MaxForwarded", n, 256, func(c *ipConfig) { c.max, c.maxSet = n, true })
 }
@@ -230,8 +226,7 @@ func ClientIPMiddleware(opts ...IPOption) (func(http.Handler) http.Handler, erro
 
 type clientAddrKey struct{}
 
-// clientAddrValue holds the configuration that found addr: a KeyFunc reuses
-// only what its own would have found.
+// clientAddrValue holds the ipConfig that found addr: ClientIP reuses only its own.
 type clientAddrValue struct {
 	addr netip.Addr
 	c    *ipConfig
@@ -286,8 +281,7 @@ func (c *ipConfig) isTrusted(addr netip.Addr) bool {
 	return slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Contains(addr) })
 }
 
-// resolve returns the client address of r, or false if RemoteAddr does not
-// parse.
+// resolve returns the client address of r, or false if RemoteAddr does not parse.
 func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseAddr(r.RemoteAddr)
 	if !ok || c.header == "" || !c.isTrusted(peer) {
@@ -306,9 +300,8 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	return peer, true
 }
 
-// walk returns the client address that a list header's field lines name,
-// or peer. An element at the edge of the maxForwardedBytes read may have been
-// cut ("11.2.3.4" to "1.2.3.4"), so it gives the peer.
+// walk returns the address that a list header's lines name, or peer; so does an
+// element at the edge of the read, which may be cut ("11.2.3.4" to "1.2.3.4").
 func (c *ipConfig) walk(lines []string, peer netip.Addr) netip.Addr {
 	lastComma, parse := lastListComma, parseAddr
 	if c.header == headerForwarded {
@@ -378,8 +371,7 @@ func lastElementComma(s string) (j int, ok bool) {
 	return -1, !quoted
 }
 
-// forwardedFor returns the address of the for= parameter of a Forwarded
-// element, pairs "name=value" separated by ';'.
+// forwardedFor returns the for= address of a Forwarded element (name=value;...).
 func forwardedFor(elem string) (netip.Addr, bool) {
 	var node string
 	found := false
@@ -407,8 +399,7 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 			}
 			value, s = s[1:i], s[i+1:]
 		} else {
-			// A token; ':' and brackets too, for senders that forget to
-			// quote an IPv6 address or a port.
+			// A token, or ':' and brackets that senders forget to quote.
 			i = span(s, func(c byte) bool { return isTokenChar(c) || c == ':' || c == '[' || c == ']' })
 			if i == 0 {
 				return netip.Addr{}, false
@@ -425,8 +416,7 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 			node, found = value, true
 		}
 	}
-	// An obfuscated port (":_p") is dropped like a numeric one; "unknown"
-	// and obfuscated nodes ("_hidden") do not parse as addresses.
+	// Drop an obfuscated port (":_p"); "unknown" and "_hidden" fail to parse.
 	if i := strings.LastIndexByte(node, ':'); i >= 0 && strings.HasPrefix(node[i+1:], "_") {
 		host, port := node[:i], node[i+1:]
 		if len(port) < 2 || span(port[1:], isObfuscatedChar) != len(port)-1 ||

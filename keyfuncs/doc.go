@@ -12,10 +12,8 @@
 //
 // # Trust model
 //
-// Any client can send any header, so [PeerIP] reads none, and [ClientIP]
-// reads one only from a peer inside [TrustProxies] (none by default), from
-// the right, the end your proxies wrote: the client is the first untrusted
-// address, never the leftmost, which a client could set to a fresh value per
-// request or to a victim's. Malformed headers give the peer. IPv6 is grouped
-// by /64, which one client can rotate through.
+// Any client can send any header, so [ClientIP] reads one only from a peer
+// inside [TrustProxies], from the right, the end your proxies wrote: the
+// leftmost address is whatever the client chose, a fresh one per request or
+// a victim's. IPv6 is grouped by /64, which one client can rotate through.
 package keyfuncs

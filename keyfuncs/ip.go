@@ -24,10 +24,9 @@ func AppendPeerIP(dst []byte, r *http.Request) ([]byte, error) {
 	return defaultIPKeyer.appendPeer(dst, r)
 }
 
-// PeerIPPrefix returns [PeerIP] with other prefix lengths: v4Bits for IPv4
-// (1 to 32, PeerIP's 32) and v6Bits for IPv6 (1 to 128, PeerIP's 64). A
-// full-length prefix keys the bare address, any other is in CIDR notation
-// ("ip:192.0.2.0/24").
+// PeerIPPrefix returns [PeerIP] with other prefix lengths, v4Bits 1 to 32 and
+// v6Bits 1 to 128 (PeerIP's 32 and 64): a full-length prefix keys the bare
+// address, any other is in CIDR notation ("ip:192.0.2.0/24").
 func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	if v4Bits < 1 || v4Bits > 32 {
 		return nil, invalid("PeerIPPrefix v4Bits %d is outside [1, 32]", v4Bits)
@@ -67,8 +66,7 @@ func (k ipKeyer) appendPeer(dst []byte, r *http.Request) ([]byte, error) {
 	return k.appendKey(dst, addr), nil
 }
 
-// canonicalIPv4Host returns the address of s if s is "a.b.c.d:port", the
-// address as netip.Addr.String writes it.
+// canonicalIPv4Host returns the host of s if s is "a.b.c.d:port" as netip writes it.
 func canonicalIPv4Host(s string) (string, bool) {
 	i := 0
 	for field := 0; field < 4; field++ {
@@ -154,7 +152,7 @@ func appendHex16(b []byte, v uint16) []byte {
 }
 
 // parseAddr reads an address in the forms of RemoteAddr (see PeerIP), with
-// brackets only around IPv6 and ports of 1 to 5 digits, without zone, unmapped.
+// brackets only around IPv6 and ports of 1 to 5 digits; it drops the zone, unmaps.
 func parseAddr(s string) (netip.Addr, bool) {
 	host, bracketed := s, strings.HasPrefix(s, "[")
 	if bracketed {
