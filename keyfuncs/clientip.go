@@ -76,9 +76,10 @@ func parseTrusted(s string) (netip.Prefix, bool) {
 }
 
 // FromXForwardedFor reads the client from X-Forwarded-For, its field lines
-// as one list walked from the right: the first address not trusted is the
-// client, or the leftmost if all are. Empty elements and spaces are ignored;
-// an element that is not an address gives the peer.
+// as one list walked from the right, the end your proxies wrote (the left is
+// whatever the client chose): the first address not trusted is the client, or
+// the leftmost if all are. Empty elements and spaces are ignored; an element
+// that is not an address gives the peer.
 func FromXForwardedFor() IPOption {
 	return source("FromXForwardedFor", ipConfig{header: headerXFF}, nil)
 }
@@ -130,7 +131,8 @@ func source(name string, s ipConfig, err error) IPOption {
 }
 
 // IPv6Prefix sets the prefix length that groups IPv6 clients into one key:
-// 1 to 128, 64 by default (some providers hand a client a /56 or /48).
+// 1 to 128, 64 by default, as a client may use any address of its /64 (some
+// providers hand a client a /56 or /48).
 func IPv6Prefix(bits int) IPOption {
 	return rangeOption("IPv6Prefix", bits, 128, func(c *ipConfig) { c.keyer.v6Bits = bits })
 }
@@ -183,12 +185,11 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 	return c, nil
 }
 
-// ClientIP returns a KeyFunc that keys a request as [PeerIP] does, by the
-// TCP peer or, if the peer is inside [TrustProxies], by the address its one
-// source ([FromXForwardedFor], [FromForwarded], [FromHeader], [TrustedHops])
-// names; a missing, malformed ("010.1.1.1") or over-long header gives the
-// peer. A source without TrustProxies, or two, is invalid. It reuses what a
-// [ClientIPMiddleware] of the same options stored, and records the address
+// ClientIP returns a KeyFunc that keys a request as [PeerIP] does, by the TCP
+// peer or, if it is in [TrustProxies], by the address that its one source
+// ([FromXForwardedFor], [FromForwarded], [FromHeader], [TrustedHops]) names,
+// or else the peer; a source without TrustProxies is invalid. It reuses what
+// a [ClientIPMiddleware] of the same options stored, and records the address
 // in the request's [WithAddressSlot].
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
@@ -387,12 +388,10 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 		name, value := s[:i], ""
 		s = s[i+1:]
 		if strings.HasPrefix(s, `"`) {
-			i = 1
-			for i < len(s) && s[i] != '"' {
+			for i = 1; i < len(s) && s[i] != '"'; i++ {
 				if s[i] == '\\' {
 					i++ // a quoted pair
 				}
-				i++
 			}
 			if i >= len(s) {
 				return netip.Addr{}, false // unterminated

@@ -9,11 +9,4 @@
 // hashed (22 characters of base64url SHA-256). A request without a key is an
 // error wrapping [ErrNoKey], never a shared bucket; a constructor given
 // unusable arguments returns an error wrapping [ErrInvalidConfig].
-//
-// # Trust model
-//
-// Any client can send any header, so [ClientIP] reads one only from a peer
-// inside [TrustProxies], from the right, the end your proxies wrote: the
-// leftmost address is whatever the client chose, a fresh one per request or
-// a victim's. IPv6 is grouped by /64, which one client can rotate through.
 package keyfuncs

@@ -37,7 +37,7 @@ func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	return ipKeyer{v4Bits, v6Bits}.peer, nil
 }
 
-// defaultIPKeyer groups IPv6 by /64, any of whose addresses a client can use.
+// defaultIPKeyer groups IPv6 by /64 (see IPv6Prefix).
 var defaultIPKeyer = ipKeyer{v4Bits: 32, v6Bits: 64}
 
 // ipKeyer turns addresses into "ip:" keys at given prefix lengths.

@@ -167,8 +167,8 @@ func User(fn func(ctx context.Context) string) (KeyFunc, error) {
 var errNoUser = fmt.Errorf("keyfuncs: %w: no authenticated user in the request context", ErrNoKey)
 
 // Pattern keys a request by the [http.ServeMux] pattern that matched it:
-// "route:<pattern>", hashed as [User] hashes ids. The mux sets the pattern
-// as it routes, so the limiter must wrap a handler registered in it, not it.
+// "route:<pattern>", hashed as [User] hashes ids. The mux sets the pattern as
+// it routes, so the limiter must wrap a handler registered in the mux, not it.
 func Pattern(r *http.Request) (string, error) {
 	return subjectKey("route:", r.Pattern, errNoPattern)
 }
