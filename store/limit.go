@@ -15,10 +15,9 @@ var ErrInvalidLimit = errors.New("invalid limit")
 // such a cost never succeeds, so it is an error, not a denial saying "retry".
 var ErrInvalidCost = errors.New("invalid cost")
 
-// Limit is a token-bucket policy: a bucket of capacity Burst, refilled
-// continuously with Rate tokens per Period; or, with a [Window], a quota of
-// Rate per window. It is a plain value passed on every call, so one store
-// serves every route and tier.
+// Limit is a token bucket of capacity Burst refilled with Rate tokens per
+// Period, or with a [Window] a quota of Rate per window: a plain value passed
+// on every call, so one store serves every route and tier.
 type Limit struct {
 	Rate   int           // tokens added per Period, at least 1
 	Period time.Duration // at least 1µs, a whole number of microseconds
@@ -36,19 +35,17 @@ func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute, B
 func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst: rate} }
 
 // Validate reports whether the stores can decide l exactly: Rate and Burst at
-// least 1, Period a positive whole number of µs (the stores' clock resolution),
-// and Burst*Rate and the capacity Burst*Period/gcd(Rate, Period µs) at most 2^50
-// (about 35 years to refill). The error wraps [ErrInvalidLimit], naming the field.
+// least 1, Period a positive whole number of µs, and Burst*Rate and
+// Burst*Period/gcd(Rate, Period µs) at most 2^50. The error wraps
+// [ErrInvalidLimit] and names the field.
 func (l Limit) Validate() error { _, err := newParams(l); return err }
 
 // ValidateDelay reports whether a [Delayer] can take l's tokens up to
-// maxDelay ahead: maxDelay at least 0, and the bucket with its queue within
-// the 2^50 units of Validate. The error wraps [ErrInvalidLimit].
+// maxDelay (at least 0) ahead, within the bounds of Validate.
 func (l Limit) ValidateDelay(maxDelay time.Duration) error { return l.validate(maxDelay, false) }
 
-// ValidateBlock reports whether an [Admin] can block l's bucket for d: d
-// positive, and the bucket with it within 2^50 units. The error wraps
-// [ErrInvalidLimit].
+// ValidateBlock reports whether an [Admin] can block l's bucket for d
+// (positive), within the bounds of Validate.
 func (l Limit) ValidateBlock(d time.Duration) error { return l.validate(d, true) }
 
 func (l Limit) validate(d time.Duration, block bool) error {
@@ -59,29 +56,20 @@ func (l Limit) validate(d time.Duration, block bool) error {
 	return err
 }
 
-// Admin is what an operator needs of a store beyond Take, whose cost of 0
-// reads a bucket (see [Inspect]). The middleware uses it for a penalty box
-// (middleware.WithPenalty); an app's admin handler, behind its own
-// authentication, for the rest.
+// Admin is what an operator (or middleware.WithPenalty) needs beyond Take.
 type Admin interface {
-	// Reset forgets the bucket named key, under every token-bucket limit:
-	// it is full; and key's count under each window quota of quotas (a
-	// quota keeps its count apart: see [Window]). An invalid quota is an
-	// error, and nothing is reset.
+	// Reset forgets key's bucket (it is full) and its count under each
+	// window quota of quotas. An invalid quota is an error; nothing is reset.
 	Reset(ctx context.Context, key string, quotas ...Limit) error
-	// Block makes key's bucket under limit refuse every Take of a cost
-	// above 0 for d on top of its debt, then refill at the rate; Reset ends
-	// it (but not a denial a limiter's deny cache holds: see
-	// middleware.Limiter.Forget). A Block that the bucket cannot hold on top
-	// of its debt is an error and writes nothing.
+	// Block makes key's bucket under limit refuse every cost above 0 for d
+	// on top of its debt, then refill; Reset ends it. A Block the bucket
+	// cannot hold is an error ([ErrBlockTooLong]) and writes nothing.
 	Block(ctx context.Context, key string, limit Limit, d time.Duration) error
 }
 
-// Inspect reads key's bucket under limit without taking from it, and says
-// what a Take of cost would answer now: Allowed, Remaining, RetryAfter (to
-// the microsecond rounded up) and ResetAfter. For a window quota denied, its
-// RetryAfter is ResetAfter: exact for a fixed window, at most that for a
-// sliding one.
+// Inspect reads key's bucket under limit without taking from it and says
+// what a Take of cost would answer now (a denied window quota's RetryAfter
+// is its ResetAfter: at most that for a sliding one).
 func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, err
@@ -95,7 +83,7 @@ func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (R
 	}
 	res.Allowed = res.Remaining >= cost
 	if !res.Allowed && limit.Window != nil {
-		res.RetryAfter = res.ResetAfter // exact for a fixed window; a sliding one's is at most that
+		res.RetryAfter = res.ResetAfter
 	} else if !res.Allowed { // until cost tokens: ResetAfter less the time of Burst-cost
 		hi, lo := bits.Mul64(uint64(limit.Burst-cost), uint64(limit.Period))
 		room, _ := bits.Div64(hi, lo, uint64(limit.Rate)) // Burst*Period/Rate fits: Limit.Validate
@@ -127,29 +115,23 @@ type Result struct {
 	Remaining  int           // whole tokens left after this decision
 	RetryAfter time.Duration // denied: time until this cost can succeed; allowed: 0
 	ResetAfter time.Duration // time until the bucket is full again
-	Delay      time.Duration // allowed ahead of its tokens (see Delayer): the time until they are due
-	// Next is a window quota's time until its count next falls (more quota,
-	// the t of the RateLimit header): 0 if nothing is counted. A token
-	// bucket's is middleware.NextToken.
-	Next time.Duration
+	Delay      time.Duration // allowed ahead of its tokens ([Delayer]): the time until they are due
+	Next       time.Duration // a window quota's time until its count falls (0: none counted)
 }
 
-// Store decides token-bucket limits; implementations are safe for concurrent
-// use. Take takes cost tokens from the bucket named key under limit if all are
-// there (a cost of 0 reads it) and reports the bucket's state. Over the limit is
-// a Result with Allowed false, consuming nothing, not an error; errors are for an
-// invalid limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) or a broken store.
+// Store decides limits, safely for concurrent use. Take takes cost tokens
+// from the bucket named key under limit if all are there (0 reads it); over
+// the limit is Allowed false, consuming nothing. Errors are for an invalid
+// limit or cost ([ErrInvalidLimit], [ErrInvalidCost]) or a broken store.
 type Store interface {
 	Take(ctx context.Context, key string, limit Limit, cost int) (Result, error)
 }
 
 // Delayer is a [Store] that can take tokens ahead of time, for requests that
-// wait for them (middleware.WithDelay) instead of being refused.
+// wait for them (middleware.WithDelay).
 type Delayer interface {
-	// TakeDelayed is Take, but cost tokens that will be there within
-	// maxDelay are taken now, and the Result allows the request after its
-	// Delay: the requests that wait are spaced at the rate. One that would
-	// wait longer is denied, consuming nothing, its RetryAfter the time
-	// until it would be taken. A maxDelay below 0 is an error.
+	// TakeDelayed is Take, but tokens due within maxDelay (at least 0) are
+	// taken now and the Result allows after its Delay; one that would wait
+	// longer is denied, consuming nothing.
 	TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error)
 }

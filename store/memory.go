@@ -19,13 +19,12 @@ const DefaultSweepInterval = 10 * time.Second
 
 const shards = 64
 
-// Memory is a [Store] that keeps buckets in this process, on its monotonic
-// clock, with the semantics of [Redis]: for one server, tests, and degraded
-// mode when Redis is unreachable. Buckets live, only while not full, in 64
-// maps behind read-write locks, each bucket with its own mutex. Past MaxKeys,
-// a new key drops a full bucket or forgets the one nearest to full
-// ([Memory.Evicted]), which can only loosen that key's limit. Memory is safe
-// for concurrent use; call [NewMemory], and [Memory.Close] to stop the sweeper.
+// Memory is a [Store] in this process, on its monotonic clock, with the
+// semantics of [Redis]: for one server, tests, and degraded mode. Buckets
+// live while not full in 64 maps behind read-write locks, each with its own
+// mutex. Past MaxKeys a new key drops a full bucket, or forgets the nearest
+// to full ([Memory.Evicted]). Call [NewMemory], and [Memory.Close] to stop
+// its sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
@@ -78,8 +77,8 @@ type bucket struct {
 // MemoryOption configures a [Memory] store.
 type MemoryOption func(*Memory)
 
-// WithMaxKeys caps live buckets at n (default [DefaultMaxKeys]). Below 1, it is
-// an error for [Memory.Validate] (middleware.New refuses it); the default stays.
+// WithMaxKeys caps live buckets at n (default [DefaultMaxKeys]); below 1 is an
+// error for [Memory.Validate].
 func WithMaxKeys(n int) MemoryOption {
 	return func(m *Memory) {
 		if n >= 1 {
@@ -91,12 +90,11 @@ func WithMaxKeys(n int) MemoryOption {
 }
 
 // WithSweepInterval sets how often a background sweeper drops full buckets
-// (default [DefaultSweepInterval]). At 0 or below none starts: full buckets
-// are dropped only to make room for new keys, or by a read or refund.
+// (default [DefaultSweepInterval]); at 0 or below none starts.
 func WithSweepInterval(d time.Duration) MemoryOption { return func(m *Memory) { m.sweep = d } }
 
 // WithClock makes the store read the time from now, for tests; a clock going
-// back stands still. A nil now is ignored, and an error for [Memory.Validate].
+// back stands still. A nil now is an error for [Memory.Validate].
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) {
 		if now != nil {
@@ -107,8 +105,7 @@ func WithClock(now func() time.Time) MemoryOption {
 	}
 }
 
-// NewMemory returns a Memory store. Unless [WithSweepInterval] disables it,
-// it starts one goroutine, which [Memory.Close] stops.
+// NewMemory returns a Memory store and starts its sweeper (see [WithSweepInterval]).
 func NewMemory(opts ...MemoryOption) *Memory {
 	m := &Memory{
 		seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, maxKeys: DefaultMaxKeys,
@@ -132,17 +129,15 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	return m
 }
 
-// Take implements [Store]. It ignores ctx, so it still decides past a
-// deadline (degraded mode); it keeps no reference to key.
+// Take implements [Store]. It ignores ctx (degraded mode decides past a
+// deadline) and keeps no reference to key.
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
 	err = m.take(&res, key, m.id(key), limit, cost, 0, false)
 	return res, err
 }
 
-// TakeBytes is Take for a key held in bytes, which it neither keeps nor
-// changes, so that a caller that builds keys in a buffer, as the middleware
-// does, decides without allocating. A key in bytes and the same key as a
-// string name one bucket.
+// TakeBytes is Take for a key in bytes, which it neither keeps nor changes:
+// the same bucket as the key as a string, decided without allocating.
 func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (res Result, err error) {
 	if m.take(&res, "", id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, limit, cost, 0, false) != nil {
 		return m.Take(ctx, string(key), limit, cost) // the error, naming the key
@@ -477,19 +472,18 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 	return out, nil
 }
 
-// Validate returns the first unusable option's error (such as WithMaxKeys(0)),
-// or nil: the store ignores that option; middleware.New refuses the store.
+// Validate returns the first unusable option's error (the store ignores
+// that option), or nil.
 func (m *Memory) Validate() error { return m.err }
 
 // Len returns the number of live buckets.
 func (m *Memory) Len() int { return int(m.live.Load()) }
 
 // Evicted returns how many buckets not yet full were forgotten to respect
-// MaxKeys; a growing count means the cap is too low (or a flood of new keys).
+// MaxKeys: a growing count means the cap is too low.
 func (m *Memory) Evicted() int64 { return m.evicted.Load() }
 
-// Close stops the background sweeper and waits for it to return. It is safe
-// to call more than once and returns nil; the store still decides after it.
+// Close stops the sweeper and waits for it; the store still decides after it.
 func (m *Memory) Close() error {
 	m.closeOnce.Do(func() { close(m.stop) })
 	<-m.done
@@ -510,8 +504,7 @@ func (m *Memory) sweepLoop(every time.Duration) {
 	}
 }
 
-// Sweep drops every full bucket now, a shard at a time, as the background
-// sweeper does ([WithSweepInterval]).
+// Sweep drops every full bucket now, a shard at a time, as the sweeper does.
 func (m *Memory) Sweep() {
 	for i := range m.shards {
 		sh := &m.shards[i]

@@ -7,13 +7,12 @@ import (
 	"time"
 )
 
-// Request asks [MultiStore.TakeAll] for Cost tokens from bucket Key under Limit.
+// Request asks [MultiStore.TakeAll] for Cost tokens from bucket Key under
+// Limit, taken up to MaxDelay ahead as [Delayer] does.
 type Request struct {
-	Key   string
-	Limit Limit
-	Cost  int
-	// MaxDelay takes the tokens ahead of time, as [Delayer] does; the
-	// requests all wait for the longest Delay.
+	Key      string
+	Limit    Limit
+	Cost     int
 	MaxDelay time.Duration
 }
 
@@ -21,23 +20,20 @@ type Request struct {
 // so a per-user limit is not spent by requests a global limit refused.
 type MultiStore interface {
 	Store
-	// TakeAll takes reqs[i].Cost tokens from every bucket reqs[i].Key, or none,
-	// and returns a Result per request, in order, all with the same Allowed. When
-	// denied, each describes its bucket as it stands, RetryAfter until it holds
-	// its cost (0 if it had room: the largest is when all could pass). An invalid
-	// limit or cost, or a repeated key (of one kind: a bucket and a window
-	// quota on a key are apart), is an error and takes nothing.
+	// TakeAll takes every request's cost, or none, and returns their
+	// Results in order, all with the same Allowed; denied, each RetryAfter
+	// is until its bucket holds its cost (0: it had room). An invalid limit
+	// or cost, or a bucket named twice ([ErrDuplicateKey]), is an error.
 	TakeAll(ctx context.Context, reqs []Request) ([]Result, error)
 }
 
-// Refunder is a [Store] that can give tokens back, as when a response shows that
-// a request should not have counted (a successful login, a server error).
+// Refunder is a [Store] that can give tokens back, as when a response shows
+// that a request should not have counted.
 type Refunder interface {
-	// Refund gives tokens (0 <= tokens <= limit.Burst) back to the bucket named
-	// key, never above capacity, and returns it as it then stands (Allowed true).
-	// A window quota's count goes back in the window current when Refund
-	// runs (on Redis, the one both clocks agree on, else nothing): give back
-	// only what a Take of that window counted, as the middleware does.
+	// Refund gives tokens (0 to Burst) back to key's bucket, never above
+	// full, and returns it as it then stands. A window quota's count goes
+	// back in the current window (on Redis, if both clocks agree on it):
+	// give back only what a Take of that window counted.
 	Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error)
 }
 

@@ -19,12 +19,10 @@ import (
 const DefaultKeyPrefix = "tollgate:"
 
 // Redis is a [Store] that keeps buckets in Redis, shared by every server of an
-// application. Each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
+// application: each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
 // Redis's clock; EVAL if Redis lacks the script), batched with concurrent
-// ones. A restart without persistence refills every bucket. It takes a
-// go-redis Client (single node or Sentinel), ClusterClient or Ring with
-// ContextTimeoutEnabled ([Redis.Validate]). It is safe for concurrent use;
-// call [NewRedis].
+// ones. It takes a go-redis Client (single node or Sentinel), ClusterClient
+// or Ring with ContextTimeoutEnabled. Call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
 	cluster   *redis.ClusterClient // client, if a Cluster client
@@ -46,10 +44,9 @@ var errNilClient = errors.New("NewRedis was given a nil client")
 // RedisOption configures a [Redis] store.
 type RedisOption func(*Redis)
 
-// WithKeyPrefix sets the store's key prefix (default [DefaultKeyPrefix]), used
-// as is: end it with a separator ("myapp:"). Prefixes never share a bucket. On
-// a Cluster or Ring a prefix with a brace is an error for [Redis.Validate]: it
-// would pick the slot of every key, or keep a call's keys from sharing one.
+// WithKeyPrefix sets the key prefix (default [DefaultKeyPrefix]), used as is:
+// end it with a separator ("myapp:"). On a Cluster or Ring a prefix with a
+// brace, which would pick every key's slot, is an error for [Redis.Validate].
 func WithKeyPrefix(prefix string) RedisOption {
 	return func(r *Redis) {
 		r.prefix = prefix
@@ -62,9 +59,8 @@ func WithKeyPrefix(prefix string) RedisOption {
 // WithBatching sets the pipelines in flight per Redis node (default
 // [DefaultBatchPipelines]; 0: off; below 0: an error for [Redis.Validate]).
 // Below n in flight a Take goes out alone at once, else with up to 127 others
-// queued meanwhile, in one pipeline of an EVALSHA per hash tag (one in all on
-// a single node) deciding each Take on its own; on a Cluster, per master (a
-// redirect is sent again). Behind a proxy that shards a single node's keys
+// queued meanwhile, in one pipeline of an EVALSHA per hash tag, each Take
+// decided on its own. Behind a proxy that shards a single node's keys
 // (twemproxy, Envoy), use a Ring or Cluster client, or 0.
 func WithBatching(n int) RedisOption {
 	return func(r *Redis) {
@@ -76,9 +72,8 @@ func WithBatching(n int) RedisOption {
 	}
 }
 
-// WithWindowClock sets the clock around which the store computes the windows
-// of a window quota (default time.Now), among which Redis's clock picks: for
-// tests on a Redis whose clock they control (miniredis). A nil now is ignored.
+// WithWindowClock sets the clock around which window quotas' windows are
+// computed (default time.Now; nil is ignored), for tests on miniredis.
 func WithWindowClock(now func() time.Time) RedisOption {
 	return func(r *Redis) {
 		if now != nil {
@@ -108,9 +103,8 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	return r
 }
 
-// Validate returns an error, which middleware.New refuses, for a nil client,
-// an unusable option (ignored), or a client that does not end calls at the
-// context's deadline: a stalled Redis would hold requests.
+// Validate returns an error for a nil client, an unusable option (ignored),
+// or a client that does not end calls at the context's deadline.
 func (r *Redis) Validate() error {
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
@@ -136,10 +130,10 @@ func (r *Redis) Validate() error {
 }
 
 // Key returns the Redis key of the bucket named key: the prefix and key, or "#"
-// and its SHA-256 if key is longer than 128 bytes or starts with '#' (so no key
-// is stored as another's hash). On a Cluster or Ring, a hash tag of key's group
-// (its first "{...}", else all of it) comes first: a group's keys share a slot.
-// A window quota's state is under "#<kind>:" and the same: no bucket's name.
+// and its SHA-256 if key is longer than 128 bytes or starts with '#'. On a
+// Cluster or Ring a hash tag of key's group (its first "{...}", else all of
+// it) comes first: a group's keys share a slot. A window quota's state is
+// under "#<kind>:" and the same.
 func (r *Redis) Key(key string) string { return r.key(key, "") }
 
 func (r *Redis) key(key, spec string) string {
@@ -158,7 +152,7 @@ func (r *Redis) key(key, spec string) string {
 }
 
 // Check runs the script once on a fresh key and returns what keeps the store
-// from deciding, or nil: an ACL that forbids the script (naming what to grant).
+// from deciding (such as an ACL, naming what to grant), or nil.
 func (r *Redis) Check(ctx context.Context) error {
 	key := "#check:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	_, err := r.Take(ctx, key, Limit{Rate: 1, Period: time.Millisecond, Burst: 1}, 1)
@@ -170,8 +164,7 @@ func (r *Redis) Check(ctx context.Context) error {
 	return nil
 }
 
-// Take implements [Store]. A Redis error, or ctx ending first, is returned
-// wrapped; the decision is then the caller's (its failure policy).
+// Take implements [Store]; a Redis error, or ctx ending first, is returned wrapped.
 func (r *Redis) Take(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
 	return r.one(ctx, Request{Key: key, Limit: limit, Cost: cost}, 1, false)
 }
@@ -259,9 +252,9 @@ func (p *params) fillFrom(res *Result, debts []int64, k, undo int64, allowed boo
 }
 
 // TakeAll implements [MultiStore] in one atomic script call on a single node.
-// On a Cluster or Ring, each group of keys ([Redis.Key]) is a call, in order;
-// if one is denied or fails, earlier ones' tokens go back (within 100 ms; a
-// failed refund leaves them taken: strict) and later groups read while ctx lasts.
+// On a Cluster or Ring each group of keys ([Redis.Key]) is a call, in order;
+// if one is denied or fails, earlier ones' tokens go back (a failed refund
+// leaves them taken) and later groups are read while ctx lasts.
 func (r *Redis) TakeAll(ctx context.Context, reqs []Request) ([]Result, error) {
 	ps, err := checkRequests(reqs, &r.limits)
 	if err != nil {

@@ -7,16 +7,12 @@ import (
 	"time"
 )
 
-// Window makes a [Limit] a quota counted in windows instead of a token
-// bucket: Rate per window, Burst equal to Rate. It is [Fixed], [Sliding] or
-// [Monthly], or one of them In a Location; nil is a token bucket. A count is
-// kept per key and window kind (Period and Location): a bucket and quotas on
-// one key never share state. Both stores decide it on their clock (Redis:
-// TIME, picking among windows computed around the app's clock, so the two
-// must agree within a window), denials consume nothing, and a key's state
-// lives until its count no longer matters. A pointer keeps a Limit four words:
-// a fifth cost a fifth of a Memory decision on one hot key (benchstat of 10
-// runs of 'Decide/memory/tollgate/hot/g1$' in bench/).
+// Window makes a [Limit] a quota of Rate (= Burst) per window instead of a
+// token bucket: [Fixed], [Sliding] or [Monthly], or one of them In a
+// Location. A count is kept per key and window kind, apart from the key's
+// bucket. Redis decides on its clock among windows computed around the
+// app's, so the two must agree within a window. (A pointer keeps a Limit
+// four words: a fifth cost a fifth of a Memory decision on one hot key.)
 type Window struct {
 	kind uint8 // fixed, sliding or monthly; 0: not a window (an error)
 	loc  *time.Location
@@ -29,25 +25,22 @@ const (
 )
 
 var (
-	// Fixed counts Rate per window of Period. Windows start at the Unix
-	// epoch in UTC (a minute's at every whole minute); In a Location, with
-	// a Period that divides a day, at each local midnight, the last of a
-	// day ending at the next one (a day of 23 or 25 hours across DST).
+	// Fixed counts Rate per window of Period from the Unix epoch; In a
+	// Location, with a Period that divides a day, from each local midnight
+	// (a day's last window ends at the next one, across DST).
 	Fixed = &Window{kind: fixed}
-	// Sliding is the sliding-window counter: the count of the current
-	// window of Period (from the epoch) plus that of the previous one
-	// weighted by the share of it still within a Period of now, rounded
-	// down; Rate*Period in µs at most 2^50. It has no Location.
+	// Sliding counts the current window of Period plus the previous one's
+	// count weighted by its share still within a Period of now, rounded
+	// down; Rate*Period in µs at most 2^50, no Location.
 	Sliding = &Window{kind: sliding}
-	// Monthly counts Rate per calendar month (in UTC, or In a Location);
-	// Period must be 0.
+	// Monthly counts Rate per calendar month (UTC, or In a Location); Period 0.
 	Monthly = &Window{kind: monthly}
 )
 
 var zones sync.Map // Window{kind, loc} → *Window: one per kind and Location
 
-// In returns w in the calendar of loc (nil: w itself, UTC), the same
-// pointer for the same w and loc, so that Limits using it compare equal.
+// In returns w in loc's calendar (nil: UTC), the same pointer for the same
+// w and loc, so that Limits using it compare equal.
 func (w *Window) In(loc *time.Location) *Window {
 	if loc == nil {
 		return w
