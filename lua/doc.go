@@ -46,17 +46,19 @@
 // k is the cost (negative: given back, not below 0), 1 <= quota <= 2^50, kind
 // 0 for a fixed window and -1 for a sliding one, and b0 < b1 < b2 < b3 the
 // µs bounds of three windows around the caller's clock: the script counts in
-// the one holding Redis's now (the first or the last if none does, now moved
-// into it). A fixed window's count is cur; a sliding one's, cur plus
+// the one holding Redis's now (the first, now moved into it, if now < b0).
+// A fixed window's count is cur; a sliding one's, cur plus
 // floor(prev*(end-now)/(end-start)) of the window before it (exact while
 // quota*(end-start) <= 2^50). A state of a later window than now's (a clock
 // gone back) is decided in that window, at its start. k fits when k <= 0 or
 // count + k <= quota; then (all fitting) cur becomes max(cur + k, 0), but a
 // negative k applies only in the window [b1, b2): the caller puts there the
 // window of the take it gives back. A state is written only if cur changed.
-// A state of a window past the bounds refuses every take and refund. The
-// key's reply is four integers, now (moved into its window), prev, cur and
-// the state's start, after the call; a state counted as nothing is deleted.
+// A state of a window past the bounds refuses every take and refund, and so
+// do bounds Redis's now is past (b3 <= now: a caller's clock or queue a window
+// late), replying cur = quota and start = b3. The key's reply is four
+// integers, now (moved into its window), prev, cur and the state's start,
+// after the call; a state counted as nothing is deleted.
 //
 // # State
 //

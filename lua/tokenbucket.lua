@@ -105,7 +105,9 @@ while j <= #ARGV do
       end
       local tn = math.min(math.max(now, s), e - 1)
       local prev, cur, start, far = 0, 0, s, false
-      if v then
+      if now >= b3 then -- bounds a window old: now's window is unknown, refused as a far state
+        start, far, cur = b3, true, cap
+      elseif v then
         local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
         a, p, c = tonumber(a), tonumber(p), tonumber(c)
         for w = 2, 3 do -- a later window's state (a clock gone back): decided there, at its start

@@ -96,3 +96,34 @@ func TestContentionRedisCluster(t *testing.T) {
 	client := redistest.Cluster(t).Client(t)
 	storetest.Contention(t, func(t *testing.T) store.Store { return store.NewRedis(client) }, 300*time.Millisecond)
 }
+
+// Window bounds computed longer ago than a window (a call queued behind a
+// stalled batch, or an app clock behind Redis's): Redis's now is past them,
+// so the script cannot know its window. Every take is refused and nothing
+// is written, where deciding in the last window of the bounds would count
+// in a window already over and let the current one's quota through again.
+func TestWindowStaleBounds(t *testing.T) {
+	t.Parallel()
+	client := redistest.Server(t).Client(t)
+	behind := func() time.Time { return time.Now().Add(-time.Minute) }
+	ctx, s := context.Background(), store.NewRedis(client, store.WithWindowClock(behind))
+	for _, lim := range []store.Limit{store.FixedWindow(5, time.Second), store.SlidingWindow(5, time.Second)} {
+		key := "stale:" + lim.Window.String()
+		for i := range 10 {
+			res, err := s.Take(ctx, key, lim, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Allowed || res.RetryAfter <= 0 || res.Remaining != 0 {
+				t.Fatalf("%v, take %d with bounds a minute old: %+v; want a refusal with a RetryAfter and nothing left", lim, i, res)
+			}
+		}
+		if keys, err := client.Keys(ctx, "*"+key).Result(); err != nil || len(keys) != 0 {
+			t.Fatalf("%v: keys %q written (%v); want none", lim, keys, err)
+		}
+		fresh := store.NewRedis(client) // its windows around now: the quota is whole
+		if res, err := fresh.Take(ctx, key, lim, 5); err != nil || !res.Allowed {
+			t.Fatalf("%v: a take of the whole quota with fresh bounds: %+v, %v", lim, res, err)
+		}
+	}
+}
