@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,10 +29,6 @@ type plan struct {
 	peer     bool // every policy keys by the TCP peer (the default key)
 }
 
-func newPlan(pols ...policy) *plan {
-	return &plan{policies: pols, peer: !slices.ContainsFunc(pols, func(p policy) bool { return p.key != nil })}
-}
-
 // A policy is one limit of a plan and how its buckets are named.
 type policy struct {
 	name    string // in the headers and problem documents
@@ -44,8 +42,7 @@ type policy struct {
 	problem []byte           // the problem document of a refusal, with WithProblemDetails
 }
 
-// request is one request's decision, pooled: on the stack, its slices would
-// escape through the Observer's strings.
+// request is one request's decision, pooled: its slices escape through events.
 type request struct {
 	p        *plan
 	cost     int
@@ -53,7 +50,6 @@ type request struct {
 	ends     []int    // where each key ends in key
 	subjects []string // "" for the TCP peer when nothing reads it
 	res      []store.Result
-	refund   []string // the store keys as strings, kept past the request
 	latency  time.Duration
 	local    bool      // decided in process (deny cache, FailLocal)
 	failed   bool      // the store failed: the failure policy decided
@@ -68,14 +64,13 @@ const maxPooledKey = 1024 // the largest key buffer kept in the pool
 func newRequest(p *plan) *request {
 	q := requests.Get().(*request)
 	q.p, q.cost, q.latency, q.local, q.failed, q.late = p, 1, 0, false, false, false
-	q.key, q.ends, q.subjects, q.res, q.refund = q.key[:0], q.ends[:0], q.subjects[:0], q.res[:0], q.refund[:0]
+	q.key, q.ends, q.subjects, q.res = q.key[:0], q.ends[:0], q.subjects[:0], q.res[:0]
 	return q
 }
 
 func (q *request) release() {
 	if cap(q.key) <= maxPooledKey {
 		clear(q.subjects)
-		clear(q.refund)
 		q.p = nil
 		requests.Put(q)
 	}
@@ -97,15 +92,6 @@ func (q *request) subject(i int) []byte {
 	return k[len(pol.prefix):]
 }
 
-// storeKeys returns the policies' store keys as strings, in q.refund.
-func (q *request) storeKeys() []string {
-	q.refund = q.refund[:0]
-	for i := range q.p.policies {
-		q.refund = append(q.refund, string(q.keyOf(i)))
-	}
-	return q.refund
-}
-
 // delay returns how long q waits for its tokens: its policies' longest Delay.
 func (q *request) delay() (d time.Duration) {
 	for i := range q.res {
@@ -116,8 +102,10 @@ func (q *request) delay() (d time.Duration) {
 	return d
 }
 
-// own reports whether policy i keys by the subject of the first, the
-// penalty's: a Multi's global or per-route policy is nobody's to block.
+// refunds reports whether WithRefund may give q's tokens back to the store.
+func (q *request) refunds(c *config) bool { return c.refund != nil && q.cost > 0 && !q.failed }
+
+// own reports whether policy i keys by the first one's subject, the penalty's.
 func (q *request) own(i int) bool {
 	return i == 0 || bytes.Equal(q.subject(i), q.subject(0))
 }
@@ -154,7 +142,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			break
 		}
 	}
-	if !known { // an allow-listed client needs no key
+	if !known {
 		a := *slot
 		if !a.IsValid() {
 			a = peerAddr(r)
@@ -176,7 +164,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, q.cost, pol.limit.Burst))
 			return
 		}
-		if q.subjects[i] == "" && l.hooks {
+		if q.subjects[i] == "" && (c.observer != nil || c.allowKeys != nil) {
 			q.subjects[i] = string(q.subject(i)) // the peer's address
 		}
 		if c.allowKeys[q.subjects[i]] {
@@ -184,26 +172,19 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 			return
 		}
 	}
-	if c.refund != nil && q.cost > 0 {
-		q.storeKeys()
+	if c.observer != nil || c.refund != nil {
 		q.at = time.Now()
-	}
-	var start time.Time
-	if c.observer != nil {
-		start = time.Now()
 	}
 	err = l.decide(r.Context(), q)
 	if c.observer != nil {
-		q.latency = time.Since(start)
+		q.latency = time.Since(q.at)
 	}
 	if err != nil && !l.fallBack(w, r, next, q, err) {
 		return
 	}
 	if l.local != nil && q.cost > 0 && !q.local && allAllowed(q.res) {
-		// The local buckets follow what this server let through, so that a
-		// flooding client gets no fresh burst per outage (0.1-0.5 µs per
-		// allowed request, against tens of µs for the Redis round trip).
-		l.takeLocal(r.Context(), q, true)
+		// No fresh burst per outage: 0.1-0.5 µs, against tens of µs for Redis.
+		l.take(r.Context(), q, true, true)
 	}
 	if !q.local && !l.wait(r, q) {
 		return // the client went away while it waited: its tokens are back
@@ -217,9 +198,8 @@ func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler
 	next.ServeHTTP(w, r)
 }
 
-// fallBack applies the failure policy to a store error, and reports whether
-// q was decided locally (FailLocal); if not, the request was refused,
-// served unlimited (also a cost a local share cannot hold), or has gone.
+// fallBack applies the failure policy to err, and reports whether q was
+// decided locally; if not, the request was answered or has gone.
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
 	if gone(r.Context()) {
@@ -227,22 +207,31 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	l.storeErrors.Add(1)
 	err = fmt.Errorf("middleware: %s: %w", c.name, err)
-	l.reportConfig(err)
+	if scriptRefused(err) { // no retry cures it
+		l.configOnce.Do(func() {
+			slog.Error("tollgate: the store cannot run its script; the failure policy decides every request "+
+				"until this is fixed (store.Redis.Check names what to grant)", "limiter", c.name, "error", err)
+		})
+	}
 	for i := range q.p.policies {
 		l.report(r, q, i, Event{Kind: EventError, Latency: q.latency, Err: err})
 		l.report(r, q, i, Event{Kind: EventFallback, Policy: c.policy, Err: err, DryRun: c.dryRun})
 	}
 	switch {
 	case c.policy.kind == failClosed && !c.dryRun:
-		l.refuseFailed(w)
+		p := c.policy
+		if p.retryAfter > 0 {
+			headers.WriteRetryAfter(w.Header(), p.retryAfter)
+		}
+		writeRefusal(w, p.status, true, textPlain, []byte(strconv.Itoa(p.status)+" "+http.StatusText(p.status)+": rate limiter unavailable\n"))
 		return false
-	case c.policy.kind == failLocal && l.local != nil:
-		q.local, q.failed, q.refund = true, true, nil // nothing to give back to the store
-		if l.takeLocal(r.Context(), q, false) == nil {
+	case l.local != nil: // FailLocal
+		q.local, q.failed = true, true
+		if l.take(r.Context(), q, true, false) == nil {
 			return true
 		}
 	}
-	next.ServeHTTP(w, r) // unlimited, no rate-limit headers
+	next.ServeHTTP(w, r) // unlimited, also a cost a local share cannot hold
 	return false
 }
 
@@ -250,8 +239,8 @@ func allAllowed(res []store.Result) bool {
 	return !slices.ContainsFunc(res, func(r store.Result) bool { return !r.Allowed })
 }
 
-// appendKey appends pol's store key of r to b, and returns r's subject: ""
-// for the TCP peer, which is appended without a string.
+// appendKey appends pol's store key of r to b and returns r's subject, ""
+// for the TCP peer.
 func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) {
 	if pol.key == nil {
 		b, err := keyfuncs.AppendPeerIP(append(b, pol.prefix...), r)
@@ -267,11 +256,9 @@ func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) 
 	return pol.appendSubject(b, subject), subject, err
 }
 
-// appendSubject appends the store key of subject to b: "<name>:<subject>"
-// for a Limiter; "<name>:{<subject>}" for a Multi, so that the policies of
-// one subject share a Redis Cluster slot and one script call. A Limiter's
-// subject with a brace ("GET /items/{id}") gives "{<name>:<subject>}", so
-// that its braces pick no slot.
+// appendSubject appends the store key of subject to b: "<name>:<subject>",
+// "{<name>:<subject>}" if the subject has a brace (which then picks no Redis
+// Cluster slot), or a Multi's "<name>:{<subject>}" (one slot per subject).
 func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	braced := !pol.tagged && strings.IndexByte(subject, '{') >= 0
 	if braced {
@@ -284,12 +271,10 @@ func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	return b
 }
 
-// decide puts in q.res the deny cache's refusal, else the store's answer
-// through the breaker within the budget, for every policy.
+// decide puts in q.res the deny cache's refusal, else the store's answer.
 func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
-	// Plans of one policy. A read takes nothing: never refused locally; nor
-	// is a window quota's request, which the cache's arithmetic does not model.
+	// Plans of one policy; not a read, nor a window quota, which it does not model.
 	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
 	var verdict denyVerdict
 	var gen uint64
@@ -301,7 +286,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 			return nil
 		}
 	}
-	err := l.call(ctx, func(ctx context.Context) error { return q.take(ctx, l.store, false, false, l.cfg.delay) })
+	err := l.call(ctx, func(ctx context.Context) error { return l.take(ctx, q, false, false) })
 	if !deny {
 		return err
 	}
@@ -313,9 +298,8 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 		l.deny.denied(key, lim, q.cost, res)
 	case verdict != denyProbe:
 	case err == nil && res.Remaining < q.cost:
-		// A probe that left fewer than cost tokens: the next request of this
-		// cost is denied until the bucket holds cost again, at ResetAfter -
-		// (Burst-cost)*T (less a microsecond for the store's rounding).
+		// The bucket holds cost again at ResetAfter - (Burst-cost)*T, less 1 µs
+		// for the store's rounding.
 		if wait := res.ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay; wait > 0 {
 			l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
 			break
@@ -327,9 +311,12 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	return err
 }
 
-// call runs fn through the circuit breaker, within the timeout budget unless
-// the store is a Memory (nothing to wait for).
+// call runs fn through the circuit breaker within the budget; a Memory has
+// neither.
 func (l *Limiter) call(ctx context.Context, fn func(context.Context) error) error {
+	if !l.bound {
+		return fn(ctx)
+	}
 	probe := false
 	if l.brk != nil {
 		var ok bool
@@ -337,21 +324,28 @@ func (l *Limiter) call(ctx context.Context, fn func(context.Context) error) erro
 			return ErrBreakerOpen
 		}
 	}
-	tctx := ctx
-	if l.bound {
-		var cancel context.CancelFunc
-		tctx, cancel = context.WithTimeout(ctx, l.cfg.timeout)
-		defer cancel()
-	}
+	tctx, cancel := context.WithTimeout(ctx, l.cfg.timeout)
+	defer cancel()
 	if l.brk == nil {
 		return fn(tctx)
 	}
 	return l.brk.call(ctx, probe, func() error { return fn(tctx) })
 }
 
-// take decides q on s, under the local shares if local, into q.res unless
-// it only mirrors what the store allowed.
-func (q *request) take(ctx context.Context, s store.Store, local, mirror bool, delay time.Duration) error {
+// take decides q on the store, or on FailLocal's under the local shares,
+// into q.res unless it mirrors what the store allowed; a fallback never
+// waits. A sweep is a goroutine that ends with it: a Limiter has no Close.
+func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) error {
+	s, delay := l.store, l.cfg.delay
+	if local {
+		if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
+			go l.local.Sweep()
+		}
+		s = l.local
+		if !mirror {
+			delay = 0
+		}
+	}
 	pols := q.p.policies
 	if len(pols) > 1 {
 		reqs := make([]store.Request, len(pols))
@@ -387,24 +381,9 @@ func (q *request) take(ctx context.Context, s store.Store, local, mirror bool, d
 	return err
 }
 
-// takeLocal decides q on FailLocal's store under the local shares; a
-// mirror of what the store allowed follows its wait and leaves q.res alone.
-// A sweep is a goroutine that ends with it: a Limiter has no Close.
-func (l *Limiter) takeLocal(ctx context.Context, q *request, mirror bool) error {
-	if now, last := int64(monotonicNow()), l.localSwept.Load(); now-last >= int64(localSweep) && l.localSwept.CompareAndSwap(last, now) {
-		go l.local.Sweep()
-	}
-	delay := time.Duration(0) // a fallback never waits
-	if mirror {
-		delay = l.cfg.delay
-	}
-	return q.take(ctx, l.local, true, mirror, delay)
-}
-
-// wait holds an allowed request until its tokens are due (WithDelay). A
-// request whose deadline (the server's) comes first, before its tokens or
-// while it waits, gets its tokens given back and a refusal, retried when
-// they are due; if the client went away it reports false: nothing to answer.
+// wait holds an allowed request until its tokens are due (WithDelay). One
+// whose deadline comes first gives them back and is refused until they are
+// due; one whose client went away gives them back and reports false.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
 	d := q.delay()
 	if d <= 0 || l.cfg.dryRun {
@@ -424,7 +403,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 			left, late = d-time.Since(start), errors.Is(ctx.Err(), context.DeadlineExceeded)
 		}
 	}
-	l.giveBack(r, q, q.storeKeys(), false)
+	l.giveBack(r, q, false)
 	if !late {
 		for i := range q.p.policies {
 			l.report(r, q, i, Event{Kind: EventAbandoned, Latency: q.latency, Result: q.res[i], Delay: d})
@@ -437,7 +416,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 		res.Allowed, res.RetryAfter, res.Delay = false, max(left, time.Microsecond), 0
 		q.res[i] = res
 	}
-	q.refund, q.late = q.refund[:0], true // nothing more to give back
+	q.late = true
 	return true
 }
 
@@ -448,7 +427,7 @@ func aged(res store.Result, d time.Duration) store.Result {
 	return res
 }
 
-// observe sends e, from the limiter or policy named name, to the observer.
+// observe sends e, of the limiter or policy named name, to the observer.
 func (l *Limiter) observe(r *http.Request, name string, e Event) {
 	if o := l.cfg.observer; o != nil {
 		e.Limiter, e.Request, e.KeyClass = name, r, KeyClass(e.Key)
@@ -466,8 +445,7 @@ func (l *Limiter) report(r *http.Request, q *request, i int, e Event) {
 }
 
 // respond reports the decision, writes its headers and serves or refuses
-// the request. A refusal's Retry-After is the latest over the policies, and
-// its problem document and denied handler those of that policy.
+// the request, for the policy that frees last.
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	c, pols := &l.cfg, q.p.policies
 	allowed := allAllowed(q.res)
@@ -501,7 +479,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 		}
 	}
 	switch {
-	case allowed && (len(q.refund) > 0 || c.penalty != nil && c.penalty.Failed != nil):
+	case allowed && (q.refunds(c) || c.penalty != nil && c.penalty.Failed != nil):
 		l.serveWatched(w, r, next, q)
 	case !refused:
 		next.ServeHTTP(w, r)
@@ -514,7 +492,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 			c.denied(w, r, q.res[violated])
 			return
 		}
-		body, ctype := deniedBody, "text/plain; charset=utf-8"
+		body, ctype := deniedBody, textPlain
 		if p := pols[violated].problem; p != nil {
 			body, ctype = p, "application/problem+json"
 		}
@@ -525,8 +503,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 // quota turns pol's store result into what the headers report.
 func (pol *policy) quota(res store.Result) headers.Quota {
 	window := res.Limit.Period
-	// A calendar window's length varies (a month, a day of 23 hours): this
-	// one's. Computing none for the others saves 4 allocations per response.
+	// Only a calendar window's length varies: 4 allocations fewer for the others.
 	if w := res.Limit.Window; w != nil && (w.Location() != nil || res.Limit.Period == 0) {
 		start, end := res.Limit.WindowAt(time.Now())
 		window = end.Sub(start)
@@ -535,10 +512,22 @@ func (pol *policy) quota(res store.Result) headers.Quota {
 		Remaining: res.Remaining, Reset: NextToken(res)} // Limit: the local share under FailLocal
 }
 
-// newPolicy returns the policy named name (already checked) of limit, in
-// tier; tagged for a Multi's.
-func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.KeyFunc, tagged bool) (policy, error) {
-	c := &l.cfg
+// newPolicy returns the policy of p in tier: a Limiter's named by its
+// options, a Multi's (tagged) by p; keyed by p.Key, else [WithKeyFunc].
+func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) {
+	c, limit, name, key := &l.cfg, p.Limit, l.cfg.name, p.Key
+	if key == nil {
+		key = c.keyFunc
+	}
+	if tagged {
+		if err := limit.Validate(); err != nil {
+			return policy{}, fmt.Errorf("middleware: tier %q: %w", tier, err)
+		}
+		name = cmp.Or(p.Name, DefaultName(limit)+"@"+l.site)
+		if checkName("", name) != nil || strings.Contains(name, "/") {
+			return policy{}, fmt.Errorf("middleware: tier %q: policy %q: printable ASCII without '{', '}', ':' or '/'", tier, name)
+		}
+	}
 	if err := limit.ValidateDelay(c.delay); err != nil {
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
 	}
@@ -562,14 +551,12 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 		pol.hdr = newFieldCache(c.profile, name, limit)
 	}
 	if l.local != nil {
-		// The same rate over n times the period; a window quota's share,
-		// 1/n of its count in the same windows.
+		// The rate over n periods; a window quota's, 1/n of its count.
 		n := c.policy.replicas
 		pol.local = store.Limit{Rate: limit.Rate, Period: limit.Period * time.Duration(n), Burst: max(1, limit.Burst/n)}
 		if limit.Window != nil {
-			pol.local = limit
-			pol.local.Rate = max(1, limit.Rate/n)
-			pol.local.Burst = pol.local.Rate
+			share := max(1, limit.Rate/n)
+			pol.local = store.Limit{Rate: share, Period: limit.Period, Burst: share, Window: limit.Window}
 		}
 		if err := pol.local.ValidateDelay(c.delay); err != nil {
 			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", n, err)
@@ -578,18 +565,16 @@ func (l *Limiter) newPolicy(tier, name string, limit store.Limit, key keyfuncs.K
 	return pol, nil
 }
 
-// serveWatched serves the request, then refunds it if the refund rule says
-// so, and counts a strike if the penalty's Failed does.
+// serveWatched serves the request, then refunds it or counts a strike as
+// WithRefund and Penalty.Failed say.
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
 	code := cmp.Or(sw.status, http.StatusOK)
-	refund := len(q.refund) > 0 && l.cfg.refund(r, code)
+	refund := q.refunds(&l.cfg) && l.cfg.refund(r, code)
 	p := l.cfg.penalty
 	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, code)
-	// Blocked while it was served (read within the budget; a failed read
-	// says no): no tokens back into the block, and no strike; other
-	// subjects' policies (a global one) get theirs.
+	// Blocked meanwhile: no strike, and no tokens back into the block.
 	blocked := false
 	if p != nil && (refund || strike) {
 		var res store.Result
@@ -600,15 +585,14 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 		blocked = err == nil && l.inBlock(res)
 	}
 	if refund {
-		l.giveBack(r, q, q.refund, blocked)
+		l.giveBack(r, q, blocked)
 	}
 	if strike && !blocked {
 		l.strike(r, q)
 	}
 }
 
-// refusedOwn reports whether one of the subject's own policies refused q (a
-// refusal by a global limit is no fault of the client's).
+// refusedOwn reports whether one of the subject's own policies refused q.
 func (q *request) refusedOwn() bool {
 	for i := range q.res {
 		if q.own(i) && q.res[i].RetryAfter > 0 {
@@ -618,23 +602,19 @@ func (q *request) refusedOwn() bool {
 	return false
 }
 
-// inBlock reports whether res's bucket is further from full than a whole
-// bucket, the WithDelay queue and the store's rounding: where only a
-// block can put it.
+// inBlock reports whether res's bucket is further from full than a bucket,
+// the WithDelay queue and the store's rounding: only a block puts it there.
 func (l *Limiter) inBlock(res store.Result) bool {
 	return res.Limit.Window == nil && // a window quota is never blocked
 		res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
-// strike counts a strike against q's subject, in the bucket "}<first store
-// key>" ('}' begins no limiter's key); the last strike blocks the subject's
-// own buckets not blocked yet (by a concurrent strike), forgives the
-// strikes and puts what the store now says in q.res. Each step runs under
-// the budget, even after the client has gone.
+// strike counts a strike against q's subject in the bucket "}<store key>"
+// ('}' begins no limiter's key); the last blocks the subject's own buckets
+// not blocked yet, forgives the strikes and puts their state in q.res.
 func (l *Limiter) strike(r *http.Request, q *request) {
-	p, d := l.cfg.penalty, l.cfg.delay
-	keys := q.storeKeys()
-	strikes, ctx := "}"+keys[0], context.WithoutCancel(r.Context())
+	p, d, admin := l.cfg.penalty, l.cfg.delay, l.store.(store.Admin) // checked by New
+	strikes, ctx := "}"+string(q.keyOf(0)), context.WithoutCancel(r.Context())
 	var res store.Result
 	err := l.call(ctx, func(ctx context.Context) (err error) {
 		res, err = l.store.Take(ctx, strikes, p.strikes(), 1)
@@ -645,16 +625,15 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 	}
 	if err == nil {
 		err = l.call(ctx, func(ctx context.Context) error {
-			for i, key := range keys {
+			for i := range q.p.policies {
 				if !q.own(i) {
 					continue
 				}
-				pol := &q.p.policies[i]
+				key, pol := string(q.keyOf(i)), &q.p.policies[i]
 				res, err := store.Inspect(ctx, l.store, key, pol.limit, q.cost)
 				if err == nil && !l.inBlock(res) {
-					// WithDelay queues a request its wait ahead: block that much longer.
-					if err = l.admin.Block(ctx, key, pol.limit, p.Block+d); err == nil {
-						if l.local != nil { // this server's FailLocal share, should the store fail in the block
+					if err = admin.Block(ctx, key, pol.limit, p.Block+d); err == nil { // d: the queue
+						if l.local != nil { // should the store fail in the block
 							l.local.Block(ctx, key, pol.local, p.Block+d)
 						}
 						res, err = store.Inspect(ctx, l.store, key, pol.limit, q.cost)
@@ -668,7 +647,7 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 				}
 				q.res[i] = res
 			}
-			return l.admin.Reset(ctx, strikes)
+			return admin.Reset(ctx, strikes)
 		})
 	}
 	switch {
@@ -680,9 +659,9 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 	}
 }
 
-// giveBack gives q's cost back to policy i's bucket keys[i] (but not the
-// subject's own if notOwn), within the budget even if the client has gone.
-func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bool) {
+// giveBack gives q's cost back to its buckets (but not the subject's own if
+// notOwn), within the budget even if the client has gone.
+func (l *Limiter) giveBack(r *http.Request, q *request, notOwn bool) {
 	failed := func(err error) {
 		l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: q.cost, Err: fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)})
 	}
@@ -692,7 +671,7 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bo
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), l.cfg.timeout)
 	defer cancel()
-	for i, key := range keys {
+	for i := range q.p.policies {
 		pol := &q.p.policies[i]
 		if lim := pol.limit; lim.Window != nil {
 			took, _ := lim.WindowAt(q.at)
@@ -703,15 +682,14 @@ func (l *Limiter) giveBack(r *http.Request, q *request, keys []string, notOwn bo
 		if notOwn && q.own(i) {
 			continue
 		}
+		key := string(q.keyOf(i))
 		if l.local != nil && !q.local { // the mirror took them too
 			l.local.Refund(ctx, key, pol.local, q.cost)
 		}
 		if _, err := l.store.(store.Refunder).Refund(ctx, key, pol.limit, q.cost); err != nil { // checked by New
 			failed(err)
-		} else if l.deny != nil {
-			// A denial cached meanwhile may be wrong now (other servers'
-			// caches keep theirs until they expire).
-			l.deny.forget([]byte(key))
+		} else if l.deny != nil { // a denial cached meanwhile
+			l.deny.forget(q.keyOf(i))
 		}
 	}
 }

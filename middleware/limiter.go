@@ -1,11 +1,11 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
 	"net/http"
 	"runtime"
 	"slices"
@@ -21,11 +21,9 @@ import (
 )
 
 var (
-	// ErrCostOutOfRange is wrapped by the error of a request whose cost is
-	// below 0 or above the limit's Burst (the key-error handler's, EventError's).
+	// ErrCostOutOfRange is wrapped by the error of a request whose cost is outside [0, Burst].
 	ErrCostOutOfRange = errors.New("middleware: cost out of range")
-	// ErrBreakerOpen is wrapped by the EventError of a decision left to the
-	// failure policy because the circuit breaker is open.
+	// ErrBreakerOpen is wrapped by the error of a decision the open breaker left to the failure policy.
 	ErrBreakerOpen = errors.New("middleware: circuit breaker open")
 )
 
@@ -36,11 +34,9 @@ type Limiter struct {
 	store      store.Store
 	site       string           // where New was called; see WithName
 	bound      bool             // apply cfg.timeout to store calls: not a Memory
-	admin      store.Admin      // the store, if it is one
 	plans      map[string]*plan // by tier, for a Multi
 	def        *plan            // the plan of a Limiter, and of a Multi's unknown tiers
 	of         func(*http.Request) string
-	hooks      bool // the observer or the allow-list needs subjects as strings
 	brk        *breaker
 	local      *store.Memory // FailLocal's store
 	localSwept atomic.Int64  // when the local store was last swept (monotonicNow)
@@ -66,8 +62,7 @@ func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	return newLimiter(s, Tiers{Plans: map[string][]Policy{"": {{Limit: limit}}}}, opts, false)
 }
 
-// newLimiter returns a Limiter of s and opts deciding the plans of t, tagged
-// for a Multi's (see appendSubject). New's is one policy of the limiter.
+// newLimiter returns a Limiter deciding the plans of t, tagged for a Multi.
 func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, error) {
 	if _, ok := s.(store.MultiStore); !ok && tagged && s != nil {
 		return nil, fmt.Errorf("middleware: %T cannot decide several limits at once (store.MultiStore)", s)
@@ -90,14 +85,13 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	if err := defPlan[0].Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("middleware: %w", err)
 	}
-	l := &Limiter{store: s, site: site()}
-	l.cfg = config{
+	l := &Limiter{store: s, site: site(), cfg: config{
 		timeout:         DefaultTimeout,
 		policy:          FailLocal,
 		profile:         headers.Default,
 		breakerFailures: DefaultBreakerFailures,
 		breakerCooldown: DefaultBreakerCooldown,
-	}
+	}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -110,15 +104,14 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		l.cfg.name = DefaultName(defPlan[0].Limit) + "@" + l.site
 	}
 	_, mem := s.(*store.Memory)
-	l.bound = !mem
-	l.hooks = l.cfg.observer != nil || l.cfg.allowKeys != nil
 	_, refunds := s.(store.Refunder)
 	_, delays := s.(store.Delayer)
-	l.admin, _ = s.(store.Admin)
+	_, admin := s.(store.Admin)
+	l.bound = !mem
 	switch {
 	case l.cfg.refund != nil && !refunds:
 		return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
-	case l.cfg.penalty != nil && l.admin == nil:
+	case l.cfg.penalty != nil && !admin:
 		return nil, fmt.Errorf("middleware: WithPenalty: %T cannot block a key (store.Admin)", s)
 	case l.cfg.delay > 0 && (!delays || !refunds):
 		return nil, fmt.Errorf("middleware: WithDelay: %T cannot take tokens ahead of time and give them back (store.Delayer and store.Refunder)", s)
@@ -130,8 +123,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
-		// No sweeper goroutine (see takeLocal). Past localMaxKeys (about 8
-		// MB) it forgets the buckets nearest to full.
+		// Swept by take; past localMaxKeys (about 8 MB) it forgets the fullest buckets.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	l.of, l.plans = t.Of, map[string]*plan{}
@@ -146,7 +138,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		}
 		var ps []policy
 		for _, pol := range pols {
-			q, err := l.policyOf(tier, pol, tagged)
+			q, err := l.newPolicy(tier, pol, tagged)
 			if err != nil {
 				return nil, err
 			}
@@ -155,7 +147,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 			}
 			ps = append(ps, q)
 		}
-		l.plans[tier] = newPlan(ps...)
+		l.plans[tier] = &plan{policies: ps, peer: !slices.ContainsFunc(ps, func(p policy) bool { return p.key != nil })}
 	}
 	l.def = l.plans[t.Default]
 	return l, nil
@@ -174,30 +166,13 @@ func (l *Limiter) BreakerState() BreakerState {
 	return BreakerState(l.brk.state.Load())
 }
 
-// reportConfig logs, once per limiter, a store error that no retry will
-// cure (the Redis user may not run the script).
-func (l *Limiter) reportConfig(err error) {
-	if scriptRefused(err) {
-		l.configOnce.Do(func() {
-			slog.Error("tollgate: the store cannot run its script; the failure policy decides every request "+
-				"until this is fixed (store.Redis.Check names what to grant)", "limiter", l.cfg.name, "error", err)
-		})
-	}
-}
-
 func (l *Limiter) breakerChanged(from, to BreakerState) {
-	o := l.cfg.observer
-	if o == nil {
-		o = SlogObserver(nil)
-	}
-	o.Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
+	cmp.Or(l.cfg.observer, SlogObserver(nil)).Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
 }
 
-// DefaultName returns what a limiter's default name starts with:
-// "<rate>-per-<period>", plus "-burst-<burst>" when the burst differs from
-// the rate (a window quota's: "-fixed" or "-sliding"; a monthly one's is
-// "<rate>-per-month"), such as "100-per-1m" or "5-per-1s-burst-10". See
-// [WithName].
+// DefaultName returns what a limiter's default name ([WithName]) starts with:
+// "<rate>-per-<period>" plus "-burst-<burst>" if the burst differs from the
+// rate, "-fixed" or "-sliding" for a window quota, or "<rate>-per-month".
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
 	switch {
@@ -214,24 +189,21 @@ func DefaultName(limit store.Limit) string {
 // sites counts the limiters made at each place (*atomic.Int64 by place).
 var sites sync.Map
 
-// site names the caller of New outside this package, and how many limiters
-// it made before, in 8 hex digits of their FNV-1a hash: the same in every
-// replica that makes its limiters in the same order, and (but by a 2^-32
-// chance) never for two limiters of one process.
+// site hashes (FNV-1a, 8 hex digits) the caller of New outside this package
+// and how many limiters it made before: the same in every replica making
+// its limiters in the same order, unique in a process but by a 2^-32 chance.
 func site() string {
 	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
 	self, _ := frames.Next() // this function: its package's prefix
 	pkg := strings.TrimSuffix(self.Function, "site")
+	f, more := frames.Next()
+	for more && strings.HasPrefix(f.Function, pkg) {
+		f, more = frames.Next()
+	}
 	at := self.Function
-	for f, more := frames.Next(); ; f, more = frames.Next() {
-		if !strings.HasPrefix(f.Function, pkg) {
-			at = f.Function + ":" + strconv.Itoa(f.Line)
-			break
-		}
-		if !more {
-			break
-		}
+	if !strings.HasPrefix(f.Function, pkg) {
+		at = f.Function + ":" + strconv.Itoa(f.Line)
 	}
 	made, _ := sites.LoadOrStore(at, new(atomic.Int64))
 	h := fnv.New32a()
@@ -241,31 +213,25 @@ func site() string {
 
 // shortDuration formats d in its largest whole unit: 1m rather than 1m0s.
 func shortDuration(d time.Duration) string {
-	for _, u := range []struct {
-		d    time.Duration
-		name string
-	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
-		if d%u.d == 0 {
-			return strconv.FormatInt(int64(d/u.d), 10) + u.name
-		}
+	units, i := [...]time.Duration{time.Hour, time.Minute, time.Second, time.Millisecond, time.Microsecond}, 0
+	for i < len(units)-1 && d%units[i] != 0 {
+		i++
 	}
-	return strconv.FormatInt(int64(d/time.Microsecond), 10) + "us"
+	return strconv.FormatInt(int64(d/units[i]), 10) + [...]string{"h", "m", "s", "ms", "us"}[i]
 }
 
 // Name returns the limiter's name.
 func (l *Limiter) Name() string { return l.cfg.name }
 
-// StoreKey returns the store key of subject's bucket, subject being what the
-// key function returns (such as "ip:192.0.2.1"), for operator tools
-// ([store.Inspect], [store.Admin]). On a [Multi] it is the bucket of the
-// default plan's first policy.
+// StoreKey returns the store key of the bucket of subject, a key function's
+// result such as "ip:192.0.2.1", for [store.Inspect] and [store.Admin]; on a
+// [Multi], of the default plan's first policy.
 func (l *Limiter) StoreKey(subject string) string {
 	return string(l.def.policies[0].appendSubject(nil, subject))
 }
 
-// Forget drops this process's cached denial of subject (WithDenyCache), as
-// when an operator resets its bucket: otherwise it is refused until the
-// time the store gave. Other servers' caches keep theirs.
+// Forget drops this process's cached denial of subject ([WithDenyCache]),
+// as when an operator resets its bucket; other servers' caches keep theirs.
 func (l *Limiter) Forget(subject string) {
 	if l.deny != nil {
 		l.deny.forget([]byte(l.StoreKey(subject)))
@@ -282,14 +248,11 @@ func (l *Limiter) Stats() Stats {
 
 // Handler returns next wrapped by the limiter (see the package doc).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		l.serve(w, r, next)
-	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 }
 
-// gone reports whether the request's context ctx has ended, reading the
-// deadline on the clock too: a go-redis client ends its call at the deadline
-// itself, usually before the context's timer marks ctx done.
+// gone reports whether ctx has ended, its deadline read on the clock: go-redis
+// ends a call at the deadline, usually before the context's timer fires.
 func gone(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return true
@@ -298,9 +261,8 @@ func gone(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
-// NextToken returns the time until the bucket of res gains its next whole
-// token (0 when it is full), the t of the RateLimit header; for a window
-// quota, res.Next: when its count next falls.
+// NextToken returns the t of the RateLimit header: the time until res's
+// bucket gains a whole token (0 when full), or a window quota's res.Next.
 func NextToken(res store.Result) time.Duration {
 	lim := res.Limit
 	if lim.Window != nil {
@@ -310,20 +272,20 @@ func NextToken(res store.Result) time.Duration {
 	if missing <= 0 || res.ResetAfter <= 0 || lim.Rate <= 0 {
 		return 0
 	}
-	// ResetAfter covers the missing tokens: the last missing-1 of them take
-	// their time, and the next arrives in what is left.
+	// The next token comes in what ResetAfter leaves after the other missing ones.
 	if t := tokenTime(lim, missing-1, false); t >= 0 && t < res.ResetAfter {
 		return res.ResetAfter - t
 	}
 	return 0
 }
 
+const textPlain = "text/plain; charset=utf-8"
+
 // deniedBody is the default body of a refusal, shared by every response.
 var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
 // writeRefusal writes a refusal of status with a body of type ctype, and
-// Cache-Control: no-store if noStore. The fields, this response's own, take
-// one allocation.
+// Cache-Control: no-store if noStore, its fields in one allocation.
 func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string, body []byte) {
 	h := w.Header()
 	v := &[3]string{"nosniff", ctype, "no-store"}
@@ -343,8 +305,8 @@ func problemDocument(policy string) []byte {
 		`"status":429,"violated-policies":[` + name + `]}`)
 }
 
-// refuseUnrated counts and reports err, of a request the limiter cannot
-// rate, then refuses it, or serves it in dry-run mode.
+// refuseUnrated counts and reports err, then refuses the request (serves it
+// in dry-run mode).
 func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
 	l.observe(r, l.cfg.name, Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})
@@ -354,16 +316,8 @@ func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next htt
 	case l.cfg.keyError != nil:
 		l.cfg.keyError(w, r, err)
 	case errors.Is(err, keyfuncs.ErrInvalidConfig): // the server's fault, not the client's
-		writeRefusal(w, http.StatusInternalServerError, false, "text/plain; charset=utf-8", []byte("500 Internal Server Error: rate limiter misconfigured\n"))
+		writeRefusal(w, http.StatusInternalServerError, false, textPlain, []byte("500 Internal Server Error: rate limiter misconfigured\n"))
 	default:
-		writeRefusal(w, http.StatusBadRequest, false, "text/plain; charset=utf-8", []byte("400 Bad Request: the rate limiter cannot rate this request\n"))
+		writeRefusal(w, http.StatusBadRequest, false, textPlain, []byte("400 Bad Request: the rate limiter cannot rate this request\n"))
 	}
-}
-
-func (l *Limiter) refuseFailed(w http.ResponseWriter) {
-	p := l.cfg.policy
-	if p.retryAfter > 0 {
-		headers.WriteRetryAfter(w.Header(), p.retryAfter)
-	}
-	writeRefusal(w, p.status, true, "text/plain; charset=utf-8", []byte(strconv.Itoa(p.status)+" "+http.StatusText(p.status)+": rate limiter unavailable\n"))
 }

@@ -1,9 +1,7 @@
 package middleware
 
 import (
-	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/tollgate-go/tollgate/keyfuncs"
 	"github.com/tollgate-go/tollgate/store"
@@ -35,20 +33,18 @@ type Tiers struct {
 	Default string
 }
 
-// Multi is rate-limiting middleware that decides several limits per
-// request at once, all or nothing: a request refused by one policy
-// consumes from none (see [store.MultiStore]). It is safe for concurrent
-// use; build it with [NewMulti] or [NewTiered].
+// Multi is rate-limiting middleware that decides several limits per request
+// at once, all or nothing: a request refused by one policy consumes from
+// none (see [store.MultiStore]). It is safe for concurrent use; build it
+// with [NewMulti] or [NewTiered].
 //
-// Every policy has its item in the RateLimit / RateLimit-Policy fields; the
-// single-value RateLimit-Limit/-Remaining/-Reset report the first, and a
-// 429's Retry-After, problem document and denied handler are those of the
-// violated policy that frees last. A policy's bucket is
-// "[<tier>/]<name>:{<subject>}", so the policies of one subject share a
-// Redis Cluster hash tag and one script call (see [store.Redis.TakeAll]).
-//
-// The Options of [New] apply to every policy; [WithName] names the
-// middleware in errors and logs; [WithDenyCache] needs plans of one policy.
+// Each policy has its item in the RateLimit and RateLimit-Policy fields; the
+// single-value fields report the first, and a 429's Retry-After, problem
+// document and denied handler are those of the violated policy that frees
+// last. A bucket is "[<tier>/]<name>:{<subject>}": one Redis Cluster slot
+// and one script call ([store.Redis.TakeAll]) for a subject's policies.
+// Options apply to every policy; [WithName] names the middleware in errors
+// and logs; [WithDenyCache] needs plans of one policy.
 type Multi struct{ *Limiter }
 
 // NewMulti returns middleware that enforces every one of policies on each
@@ -65,28 +61,4 @@ func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 		return nil, err
 	}
 	return &Multi{l}, nil
-}
-
-func (l *Limiter) policyOf(tier string, p Policy, tagged bool) (policy, error) {
-	if !tagged {
-		return l.newPolicy("", l.cfg.name, p.Limit, l.cfg.keyFunc, false)
-	}
-	if err := p.Limit.Validate(); err != nil {
-		return policy{}, fmt.Errorf("middleware: tier %q: %w", tier, err)
-	}
-	name := p.Name
-	if name == "" {
-		name = DefaultName(p.Limit) + "@" + l.site
-	}
-	if err := checkName("WithName", name); err != nil {
-		return policy{}, fmt.Errorf("middleware: tier %q: policy: %w", tier, err)
-	}
-	if strings.Contains(name, "/") {
-		return policy{}, fmt.Errorf("middleware: tier %q: policy %q: '/' is not allowed (it separates tier and policy)", tier, name)
-	}
-	key := p.Key
-	if key == nil {
-		key = l.cfg.keyFunc
-	}
-	return l.newPolicy(tier, name, p.Limit, key, true)
 }

@@ -31,8 +31,7 @@ func (s *statusWriter) Flush() {
 	_ = http.NewResponseController(s.ResponseWriter).Flush()
 }
 
-// Hijack lets a handler take over the connection (WebSocket upgrades)
-// through the wrapper, when the writer underneath allows it.
+// Hijack lets a handler take over the connection through the wrapper.
 func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(s.ResponseWriter).Hijack()
 }
