@@ -47,14 +47,15 @@ type request struct {
 	p        *plan
 	cost     int
 	key      []byte   // the policies' store keys, one after another
-	ends     []int    // where each key ends in key
+	bounds   []int    // policy i's is key[bounds[i]:bounds[i+1]]
 	subjects []string // "" for the TCP peer when nothing reads it
 	res      []store.Result
 	latency  time.Duration
-	local    bool      // decided in process (deny cache, FailLocal)
-	failed   bool      // the store failed: the failure policy decided
-	late     bool      // admitted to wait, refused for the server's deadline
-	at       time.Time // when decided: a quota's count goes back only in its window
+	delay    time.Duration // how long it waits for its tokens (see wait)
+	local    bool          // decided in process (deny cache, FailLocal)
+	failed   bool          // the store failed: the failure policy decided
+	late     bool          // admitted to wait, refused for the server's deadline
+	at       time.Time     // when decided: a quota's count goes back only in its window
 }
 
 var requests = sync.Pool{New: func() any { return &request{key: make([]byte, 0, 128)} }}
@@ -63,8 +64,8 @@ const maxPooledKey = 1024 // the largest key buffer kept in the pool
 
 func newRequest(p *plan) *request {
 	q := requests.Get().(*request)
-	q.p, q.cost, q.latency, q.local, q.failed, q.late = p, 1, 0, false, false, false
-	q.key, q.ends, q.subjects, q.res = q.key[:0], q.ends[:0], q.subjects[:0], q.res[:0]
+	q.p, q.cost, q.latency, q.delay, q.local, q.failed, q.late = p, 1, 0, 0, false, false, false
+	q.key, q.bounds, q.subjects, q.res = q.key[:0], append(q.bounds[:0], 0), q.subjects[:0], q.res[:0]
 	return q
 }
 
@@ -76,13 +77,7 @@ func (q *request) release() {
 	}
 }
 
-func (q *request) keyOf(i int) []byte {
-	start := 0
-	if i > 0 {
-		start = q.ends[i-1]
-	}
-	return q.key[start:q.ends[i]]
-}
+func (q *request) keyOf(i int) []byte { return q.key[q.bounds[i]:q.bounds[i+1]] }
 
 func (q *request) subject(i int) []byte {
 	k, pol := q.keyOf(i), &q.p.policies[i]
@@ -90,16 +85,6 @@ func (q *request) subject(i int) []byte {
 		k = k[:len(k)-1]
 	}
 	return k[len(pol.prefix):]
-}
-
-// delay returns how long q waits for its tokens: its policies' longest Delay.
-func (q *request) delay() (d time.Duration) {
-	for i := range q.res {
-		if q.res[i].Allowed {
-			d = max(d, q.res[i].Delay)
-		}
-	}
-	return d
 }
 
 // refunds reports whether WithRefund may give q's tokens back to the store.
@@ -111,8 +96,7 @@ func (q *request) own(i int) bool {
 }
 
 func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	c := &l.cfg
-	p := l.def
+	c, p := &l.cfg, l.def
 	if l.of != nil {
 		if t, ok := l.plans[l.of(r)]; ok {
 			p = t
@@ -137,7 +121,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	for i := range p.policies {
 		var subject string
 		q.key, subject, err = p.policies[i].appendKey(q.key, kr)
-		q.ends, q.subjects = append(q.ends, len(q.key)), append(q.subjects, subject)
+		q.bounds, q.subjects = append(q.bounds, len(q.key)), append(q.subjects, subject)
 		if err != nil {
 			break
 		}
@@ -153,7 +137,7 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 	}
 	if err != nil {
-		l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", p.policies[len(q.ends)-1].name, err))
+		l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", p.policies[len(q.subjects)-1].name, err))
 		return
 	}
 	if c.cost != nil {
@@ -385,7 +369,12 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 // whose deadline comes first gives them back and is refused until they are
 // due; one whose client went away gives them back and reports false.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
-	d := q.delay()
+	for i := range q.res { // the policies' longest Delay
+		if q.res[i].Allowed {
+			q.delay = max(q.delay, q.res[i].Delay)
+		}
+	}
+	d := q.delay
 	if d <= 0 || l.cfg.dryRun {
 		return true
 	}
@@ -411,8 +400,7 @@ func (l *Limiter) wait(r *http.Request, q *request) bool {
 		return false
 	}
 	for i, res := range q.res { // a refusal, of the bucket without its tokens
-		res.ResetAfter -= tokenTime(res.Limit, q.cost, false)
-		res = aged(res, 0)
+		res = aged(res, tokenTime(res.Limit, q.cost, false))
 		res.Allowed, res.RetryAfter, res.Delay = false, max(left, time.Microsecond), 0
 		q.res[i] = res
 	}
@@ -455,7 +443,7 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	kind, delay := EventDenied, time.Duration(0)
 	if allowed {
-		kind, delay = EventAllowed, q.delay()
+		kind, delay = EventAllowed, q.delay
 	}
 	var now time.Time // read only where a header needs the wall clock
 	if c.profile&headers.XRateLimitEpoch != 0 {

@@ -48,8 +48,7 @@ type Limiter struct {
 	denyHits    atomic.Int64
 }
 
-// Stats counts the requests a Limiter could not decide normally, and those
-// it refused without asking the store.
+// Stats counts the requests a Limiter could not decide or refused locally.
 type Stats struct {
 	KeyErrors     int64 // KeyFunc errors and costs out of range: refused, never shared
 	StoreErrors   int64 // store errors and timeouts: decided by the failure policy
@@ -67,8 +66,8 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	if _, ok := s.(store.MultiStore); !ok && tagged && s != nil {
 		return nil, fmt.Errorf("middleware: %T cannot decide several limits at once (store.MultiStore)", s)
 	}
-	defPlan, ok := t.Plans[t.Default]
-	if !ok || len(defPlan) == 0 {
+	defPlan := t.Plans[t.Default]
+	if len(defPlan) == 0 {
 		return nil, fmt.Errorf("middleware: Tiers: the default tier %q has no policies", t.Default)
 	}
 	if len(t.Plans) > 1 && t.Of == nil {
@@ -157,8 +156,7 @@ const localMaxKeys = 100_000
 
 var localSweep = store.DefaultSweepInterval // a variable for tests
 
-// BreakerState returns the state of the limiter's circuit breaker
-// (BreakerClosed when it has none).
+// BreakerState returns the state of the limiter's breaker (BreakerClosed if none).
 func (l *Limiter) BreakerState() BreakerState {
 	if l.brk == nil {
 		return BreakerClosed
@@ -254,11 +252,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // gone reports whether ctx has ended, its deadline read on the clock: go-redis
 // ends a call at the deadline, usually before the context's timer fires.
 func gone(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
 	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }
 
 // NextToken returns the t of the RateLimit header: the time until res's

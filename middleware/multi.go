@@ -10,26 +10,22 @@ import (
 // Policy is one of the limits a [Multi] enforces on a request: 10/s and
 // 1000/h per user, 100/s per route, 5000/s for everyone.
 type Policy struct {
-	// Name names the policy's buckets and its item in the RateLimit
-	// headers, unique within a tier, under the rules of [WithName] (and
-	// without '/'); empty means [DefaultName] of Limit.
+	// Name, unique in its tier, names the policy's buckets and RateLimit item
+	// by the rules of [WithName], without '/'; empty means [DefaultName].
 	Name  string
 	Limit store.Limit
-	// Key finds the policy's subject; nil means the limiter's key
-	// function ([WithKeyFunc]). A global limit uses keyfuncs.Static.
+	// Key finds the subject: nil means [WithKeyFunc]'s; a global limit uses keyfuncs.Static.
 	Key keyfuncs.KeyFunc
 }
 
 // Tiers gives each request the policies of its tier (its plan, its API
 // key), so that plans change without rebuilding the middleware.
 type Tiers struct {
-	// Of returns the request's tier; one not in Plans (including "") is
-	// the Default tier.
+	// Of returns the request's tier; one not in Plans (or "") is Default.
 	Of func(r *http.Request) string
 	// Plans are the policies of each tier.
 	Plans map[string][]Policy
-	// Default, one of Plans, is the tier of requests whose tier is unknown:
-	// give it the strictest plan.
+	// Default, one of Plans, is the tier of unknown tiers: the strictest plan.
 	Default string
 }
 
@@ -47,14 +43,12 @@ type Tiers struct {
 // and logs; [WithDenyCache] needs plans of one policy.
 type Multi struct{ *Limiter }
 
-// NewMulti returns middleware that enforces every one of policies on each
-// request, on a [store.MultiStore].
+// NewMulti returns middleware enforcing all of policies on each request, on a [store.MultiStore].
 func NewMulti(s store.Store, policies []Policy, opts ...Option) (*Multi, error) {
 	return NewTiered(s, Tiers{Plans: map[string][]Policy{"": policies}}, opts...)
 }
 
-// NewTiered returns middleware that enforces on each request the policies
-// of its tier.
+// NewTiered returns middleware enforcing on each request its tier's policies.
 func NewTiered(s store.Store, t Tiers, opts ...Option) (*Multi, error) {
 	l, err := newLimiter(s, t, opts, true)
 	if err != nil {
