@@ -223,8 +223,7 @@ func allAllowed(res []store.Result) bool {
 	return !slices.ContainsFunc(res, func(r store.Result) bool { return !r.Allowed })
 }
 
-// appendKey appends pol's store key of r to b and returns r's subject, ""
-// for the TCP peer.
+// appendKey appends pol's store key of r to b and returns r's subject ("" for the peer).
 func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) {
 	if pol.key == nil {
 		b, err := keyfuncs.AppendPeerIP(append(b, pol.prefix...), r)
@@ -282,8 +281,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 		l.deny.denied(key, lim, q.cost, res)
 	case verdict != denyProbe:
 	case err == nil && res.Remaining < q.cost:
-		// The bucket holds cost again at ResetAfter - (Burst-cost)*T, less 1 µs
-		// for the store's rounding.
+		// The bucket holds cost again at ResetAfter - (Burst-cost)*T, less 1 µs of rounding.
 		if wait := res.ResetAfter - tokenTime(lim, lim.Burst-q.cost, true) - time.Microsecond - l.cfg.delay; wait > 0 {
 			l.deny.denied(key, lim, q.cost, store.Result{RetryAfter: wait, ResetAfter: res.ResetAfter})
 			break
@@ -295,8 +293,7 @@ func (l *Limiter) decide(ctx context.Context, q *request) error {
 	return err
 }
 
-// call runs fn through the circuit breaker within the budget; a Memory has
-// neither.
+// call runs fn through the breaker within the budget (neither for a Memory).
 func (l *Limiter) call(ctx context.Context, fn func(context.Context) error) error {
 	if !l.bound {
 		return fn(ctx)

@@ -99,9 +99,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 			return nil, fmt.Errorf("middleware: %w", err)
 		}
 	}
-	if l.cfg.name == "" {
-		l.cfg.name = DefaultName(defPlan[0].Limit) + "@" + l.site
-	}
+	l.cfg.name = cmp.Or(l.cfg.name, DefaultName(defPlan[0].Limit)+"@"+l.site)
 	_, mem := s.(*store.Memory)
 	_, refunds := s.(store.Refunder)
 	_, delays := s.(store.Delayer)
