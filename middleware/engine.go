@@ -20,9 +20,6 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// The one request path of [Limiter] and [Multi]: skip → key → cost → deny
-// cache → store under the budget → failure policy → headers → next or 429.
-
 // A plan is the policies one request is decided under, all or nothing.
 type plan struct {
 	policies []policy
