@@ -27,8 +27,7 @@ var (
 	ErrBreakerOpen = errors.New("middleware: circuit breaker open")
 )
 
-// Limiter is rate-limiting middleware for one limit. It is safe for
-// concurrent use; build it with [New].
+// Limiter is rate-limiting middleware for one limit, safe for concurrent use; build it with [New].
 type Limiter struct {
 	cfg        config
 	store      store.Store
@@ -55,8 +54,7 @@ type Stats struct {
 	DenyCacheHits int64 // requests refused by the deny cache (see WithDenyCache), without a store call
 }
 
-// New returns a Limiter that decides requests on s under limit. It checks
-// the limit and every option, and returns an error naming what is wrong.
+// New returns a Limiter deciding requests on s under limit, or an error naming what is wrong.
 func New(s store.Store, limit store.Limit, opts ...Option) (*Limiter, error) {
 	return newLimiter(s, Tiers{Plans: map[string][]Policy{"": {{Limit: limit}}}}, opts, false)
 }
@@ -120,7 +118,6 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
-		// Swept by take; past localMaxKeys (about 8 MB) it forgets the fullest buckets.
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	l.of, l.plans = t.Of, map[string]*plan{}
@@ -150,7 +147,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	return l, nil
 }
 
-const localMaxKeys = 100_000
+const localMaxKeys = 100_000 // about 8 MB; past it, the local store forgets the fullest buckets
 
 var localSweep = store.DefaultSweepInterval // a variable for tests
 
@@ -166,9 +163,9 @@ func (l *Limiter) breakerChanged(from, to BreakerState) {
 	cmp.Or(l.cfg.observer, SlogObserver(nil)).Observe(Event{Kind: EventBreaker, Limiter: l.cfg.name, From: from, To: to})
 }
 
-// DefaultName returns what a limiter's default name ([WithName]) starts with:
-// "<rate>-per-<period>" plus "-burst-<burst>" if the burst differs from the
-// rate, "-fixed" or "-sliding" for a window quota, or "<rate>-per-month".
+// DefaultName returns the start of a default name ([WithName]): "<rate>-per-<period>", plus
+// "-burst-<burst>" if the burst is not the rate, "-fixed" or "-sliding" for a window quota; or
+// "<rate>-per-month".
 func DefaultName(limit store.Limit) string {
 	name := strconv.Itoa(limit.Rate) + "-per-" + shortDuration(limit.Period)
 	switch {
@@ -185,9 +182,8 @@ func DefaultName(limit store.Limit) string {
 // sites counts the limiters made at each place (*atomic.Int64 by place).
 var sites sync.Map
 
-// site hashes (FNV-1a, 8 hex digits) the caller of New outside this package
-// and how many limiters it made before: the same in every replica making
-// its limiters in the same order, unique in a process but by a 2^-32 chance.
+// site hashes (FNV-1a, 8 hex digits) New's caller outside this package and how many limiters it
+// made before: the same in replicas making limiters in one order, unique but by a 2^-32 chance.
 func site() string {
 	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
@@ -219,15 +215,13 @@ func shortDuration(d time.Duration) string {
 // Name returns the limiter's name.
 func (l *Limiter) Name() string { return l.cfg.name }
 
-// StoreKey returns the store key of the bucket of subject, a key function's
-// result such as "ip:192.0.2.1", for [store.Inspect] and [store.Admin]; on a
-// [Multi], of the default plan's first policy.
+// StoreKey returns the store key of subject's bucket (a key function's result, "ip:192.0.2.1"),
+// for [store.Inspect] and [store.Admin]; on a [Multi], the default plan's first policy's.
 func (l *Limiter) StoreKey(subject string) string {
 	return string(l.def.policies[0].appendSubject(nil, subject))
 }
 
-// Forget drops this process's cached denial of subject ([WithDenyCache]),
-// as when an operator resets its bucket; other servers' caches keep theirs.
+// Forget drops this server's cached denial of subject ([WithDenyCache]); other servers keep theirs.
 func (l *Limiter) Forget(subject string) {
 	if l.deny != nil {
 		l.deny.forget([]byte(l.StoreKey(subject)))
@@ -247,15 +241,13 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 }
 
-// gone reports whether ctx has ended, its deadline read on the clock: go-redis
-// ends a call at the deadline, usually before the context's timer fires.
+// gone reports whether ctx ended or its deadline passed (go-redis ends a call before ctx's timer).
 func gone(ctx context.Context) bool {
 	d, ok := ctx.Deadline()
 	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }
 
-// NextToken returns the t of the RateLimit header: the time until res's
-// bucket gains a whole token (0 when full), or a window quota's res.Next.
+// NextToken returns RateLimit's t: the time to res's next whole token (0 if full); a window's res.Next.
 func NextToken(res store.Result) time.Duration {
 	lim := res.Limit
 	if lim.Window != nil {
@@ -277,8 +269,7 @@ const textPlain = "text/plain; charset=utf-8"
 // deniedBody is the default body of a refusal, shared by every response.
 var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
-// writeRefusal writes a refusal of status with a body of type ctype, and
-// Cache-Control: no-store if noStore, its fields in one allocation.
+// writeRefusal writes a refusal (no-store if noStore) of type ctype, its fields in one allocation.
 func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string, body []byte) {
 	h := w.Header()
 	v := &[3]string{"nosniff", ctype, "no-store"}
@@ -298,8 +289,7 @@ func problemDocument(policy string) []byte {
 		`"status":429,"violated-policies":[` + name + `]}`)
 }
 
-// refuseUnrated counts and reports err, then refuses the request (serves it
-// in dry-run mode).
+// refuseUnrated counts and reports err, then refuses the request (serves it in dry-run mode).
 func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
 	l.keyErrors.Add(1)
 	l.observe(r, l.cfg.name, Event{Kind: EventError, Err: err, DryRun: l.cfg.dryRun})

@@ -18,8 +18,7 @@ import (
 // DefaultTimeout is the budget of one store decision unless [WithTimeout] says otherwise.
 const DefaultTimeout = 100 * time.Millisecond
 
-// FailurePolicy says what happens to a request the store cannot decide (an
-// error, or no answer within the timeout); the zero value is [FailOpen].
+// FailurePolicy decides requests the store cannot (an error, a timeout); the zero value is [FailOpen].
 type FailurePolicy struct {
 	kind       failKind
 	replicas   int           // FailLocal: servers sharing the limit
@@ -37,30 +36,25 @@ const (
 )
 
 var (
-	// FailOpen serves the request unlimited, without rate-limit headers: a
-	// store stall longer than the budget lets a flood through.
+	// FailOpen serves the request unlimited, without rate-limit headers: a store stall lets a flood in.
 	FailOpen = FailurePolicy{}
-	// FailClosed refuses the request with 503 Service Unavailable and
-	// Retry-After: 1, for endpoints such as a login.
+	// FailClosed refuses the request with 503 Service Unavailable and Retry-After: 1, as for a login.
 	FailClosed = FailurePolicy{kind: failClosed, status: http.StatusServiceUnavailable, retryAfter: time.Second}
-	// FailLocal, the default, decides on an in-process Memory store under
-	// the whole limit per server (see [FailLocalShare]), following what the
-	// server let through: an outage gives nobody a fresh burst.
+	// FailLocal, the default, decides on an in-process Memory store under the whole limit per server
+	// ([FailLocalShare]), following what the server let through: an outage gives nobody a fresh burst.
 	FailLocal = FailurePolicy{kind: failLocal, replicas: 1}
 )
 
-// FailClosedWith is [FailClosed] refusing with status (400 to 599) and
-// Retry-After retryAfter (rounded up to whole seconds; 0 omits the header).
-// Other values are an error of [WithFailurePolicy].
+// FailClosedWith is [FailClosed] refusing with status (400 to 599) and Retry-After retryAfter (rounded
+// up to whole seconds; 0 omits the header). Other values are an error of [WithFailurePolicy].
 func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
 	return FailurePolicy{kind: failClosed, status: status, retryAfter: retryAfter, err: cmp.Or(
 		failIf(status < 400 || status > 599, "FailClosedWith: status %d is not an error status", status),
 		failIf(retryAfter < 0, "FailClosedWith: negative Retry-After %v", retryAfter))}
 }
 
-// FailLocalShare is [FailLocal] for a limit shared by replicas servers: each
-// allows 1/replicas of the rate and of the burst (at least 1 token) on its
-// own. Below 1, it is an error of [WithFailurePolicy].
+// FailLocalShare is [FailLocal] for a limit shared by replicas servers: each allows 1/replicas of the
+// rate and of the burst (at least 1 token) on its own. Below 1, it is an error of [WithFailurePolicy].
 func FailLocalShare(replicas int) FailurePolicy {
 	return FailurePolicy{kind: failLocal, replicas: replicas,
 		err: failIf(replicas < 1, "FailLocalShare: %d replicas: at least 1", replicas)}
@@ -113,10 +107,9 @@ func failIf(bad bool, format string, args ...any) error {
 	return fmt.Errorf(format, args...)
 }
 
-// WithName sets the limiter's name, printable ASCII without '{', '}' or
-// ':', which names its buckets and its RateLimit policy (see the package doc).
-// The default, such as "100-per-1m@9c1d02e7", is [DefaultName] and a hash of
-// where [New] was called and how many limiters that place made before.
+// WithName sets the limiter's name, printable ASCII without '{', '}' or ':', which names its buckets
+// and its RateLimit policy (see the package doc). The default, such as "100-per-1m@9c1d02e7", is
+// [DefaultName] and a hash of where [New] was called and how many limiters that place made before.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
@@ -134,36 +127,31 @@ func checkName(what, name string) error {
 	return nil
 }
 
-// WithKeyFunc sets how a request's subject is found (default
-// [keyfuncs.PeerIP], the TCP peer; behind a proxy, use [keyfuncs.ClientIP]).
-// A KeyFunc error never falls back to a shared bucket ([WithKeyErrorHandler]).
+// WithKeyFunc sets how a request's subject is found (default [keyfuncs.PeerIP], the TCP peer; behind
+// a proxy, [keyfuncs.ClientIP]); a KeyFunc error goes to [WithKeyErrorHandler], never a shared bucket.
 func WithKeyFunc(fn keyfuncs.KeyFunc) Option {
 	return option(failIf(fn == nil, "WithKeyFunc: nil KeyFunc"), func(c *config) { c.keyFunc = fn })
 }
 
-// WithCost sets the tokens a request costs (default 1; 0 reads the bucket);
-// a cost outside [0, Burst] goes to the key-error handler, never to a 429.
+// WithCost sets a request's cost in tokens (default 1; 0 reads the bucket; outside [0, Burst]: a key error).
 func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
 
-// WithTimeout sets the budget of one store decision (default [DefaultTimeout]);
-// a Memory store has none.
+// WithTimeout sets the budget of one store decision (default [DefaultTimeout]); a Memory has none.
 func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }
 
-// WithFailurePolicy sets what happens when the store cannot decide (default
-// [FailLocal]); see [FailurePolicy].
+// WithFailurePolicy sets the [FailurePolicy] of requests the store cannot decide (default [FailLocal]).
 func WithFailurePolicy(p FailurePolicy) Option {
 	return option(failIf(p.err != nil, "WithFailurePolicy: %w", p.err), func(c *config) { c.policy = p })
 }
 
-// WithBreaker sets the circuit breaker in front of the store (default
-// [DefaultBreakerFailures], [DefaultBreakerCooldown]; failures 0: none):
-// failures consecutive errors or timeouts open it ([BreakerState]) until a
-// probe after cooldown succeeds; a probe that fails, panics, is abandoned or
-// outlasts a cooldown fails. Transitions go to the [Observer], or [slog.Default].
+// WithBreaker sets the circuit breaker in front of the store (default [DefaultBreakerFailures],
+// [DefaultBreakerCooldown]; failures 0: none): failures consecutive errors or timeouts open it
+// ([BreakerState]) until a probe after cooldown succeeds; a probe that fails, panics, is abandoned
+// or outlasts a cooldown fails. Transitions go to the [Observer], or [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
@@ -171,61 +159,54 @@ func WithBreaker(failures int, cooldown time.Duration) Option {
 		func(c *config) { c.breakerFailures, c.breakerCooldown = failures, cooldown })
 }
 
-// WithDelay lets a request that would be refused wait up to max (default 0)
-// for its tokens, as nginx's limit_req with a burst: taken ahead in the
-// same store call, they are due spaced at the rate. A client that leaves
-// gets them back; a waiter holds its goroutine (at most max × Rate / Period
-// per key). The store must be a [store.Delayer] and a [store.Refunder].
+// WithDelay lets a request that would be refused wait up to max (default 0) for its tokens, as
+// nginx's limit_req with a burst: taken ahead in the same store call, they are due spaced at the
+// rate. A client that leaves gets them back; a waiter holds its goroutine (at most max × Rate /
+// Period per key). The store must be a [store.Delayer] and a [store.Refunder].
 func WithDelay(max time.Duration) Option {
 	return option(failIf(max < 0, "WithDelay(%v): the wait must not be negative", max), func(c *config) { c.delay = max })
 }
 
-// WithDenyCache makes the limiter remember the store's denials of up to
-// maxKeys keys (default 0: off; about 150 bytes each): a key denied at cost
-// c is refused without a store call at cost c or more until the store's
-// Retry-After, then one request probes the store. A bucket reset in the
+// WithDenyCache makes the limiter remember the store's denials of up to maxKeys keys (default 0:
+// off; about 150 bytes each): a key denied at cost c is refused without a store call at cost c or
+// more until the store's Retry-After, then one request probes the store. A bucket reset in the
 // store stays refused here ([Limiter.Forget]). Dry-run mode does not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
 
-// WithDeniedHandler sets what answers a request over the limit, called with
-// the rate-limit headers, Retry-After and Cache-Control: no-store set. The
-// default writes 429 with a short text, or [WithProblemDetails]'s document.
+// WithDeniedHandler sets what answers a request over the limit (rate-limit headers, Retry-After and
+// Cache-Control: no-store set); the default writes 429 and a short text, or [WithProblemDetails]'s.
 func WithDeniedHandler(fn func(w http.ResponseWriter, r *http.Request, res store.Result)) Option {
 	return option(failIf(fn == nil, "WithDeniedHandler: nil func"), func(c *config) { c.denied = fn })
 }
 
-// WithKeyErrorHandler sets what answers a request the limiter cannot rate (a
-// KeyFunc error, or a cost outside [0, Burst]); the default writes 400, or 500
-// if the error wraps [keyfuncs.ErrInvalidConfig], never the error's text.
+// WithKeyErrorHandler sets what answers a request the limiter cannot rate (a KeyFunc error, or a cost
+// outside [0, Burst]); by default 400, or 500 if err wraps [keyfuncs.ErrInvalidConfig], never its text.
 func WithKeyErrorHandler(fn func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return option(failIf(fn == nil, "WithKeyErrorHandler: nil func"), func(c *config) { c.keyError = fn })
 }
 
-// WithSkip lets requests for which fn is true, such as health checks, pass
-// before anything else, unlimited and without rate-limit headers (default: none).
+// WithSkip passes requests fn is true for (health checks) first, unlimited, without headers (default: none).
 func WithSkip(fn func(r *http.Request) bool) Option {
 	return option(failIf(fn == nil, "WithSkip: nil func"), func(c *config) { c.skip = fn })
 }
 
-// WithDryRun, if on (default off), makes the limiter decide and report every
-// request (Event.DryRun) but never refuse, delay or write headers: a shadow mode.
+// WithDryRun, if on (default off), makes the limiter decide and report every request (Event.DryRun)
+// but never refuse, delay or write headers: a shadow mode.
 func WithDryRun(on bool) Option {
 	return option(nil, func(c *config) { c.dryRun = on })
 }
 
-// WithHeaders selects the rate-limit headers of every decided response
-// (default [headers.Default]; 0 writes none but a refusal's Retry-After).
-// Responses share the values: code after the limiter must replace a field,
-// as [http.Header.Set] does, not write into it.
+// WithHeaders selects the rate-limit headers of every decided response (default [headers.Default];
+// 0 writes none but a refusal's Retry-After). Responses share the values: code after the limiter
+// must replace a field, as [http.Header.Set] does, not write into it.
 func WithHeaders(p headers.Profile) Option {
 	err := p.Validate()
 	return option(failIf(err != nil, "WithHeaders: %w", err), func(c *config) { c.profile = p })
 }
 
-// WithProblemDetails makes the default refusal, a short text, an RFC 9457
-// problem document ("…#quota-exceeded") naming the policy violated.
+// WithProblemDetails makes the default 429 body an RFC 9457 "…#quota-exceeded" problem naming the policy.
 func WithProblemDetails() Option {
 	return option(nil, func(c *config) { c.problemDetails = true })
 }
@@ -236,10 +217,9 @@ func WithObserver(o Observer) Option {
 	return option(failIf(o == nil, "WithObserver: nil Observer"), func(c *config) { c.observer = o })
 }
 
-// WithRefund gives a request's tokens back after its response when rule(r,
-// status) is true (default: never; status 200 if the handler wrote none), as
-// for 5xx, or for successful logins so that only failures count: one more
-// store call (a failure is an EventError), on a [store.Refunder].
+// WithRefund gives a request's tokens back after its response when rule(r, status) is true (default:
+// never; status 200 if the handler wrote none), as for 5xx, or for successful logins so that only
+// failures count: one more store call (a failure is an EventError), on a [store.Refunder].
 func WithRefund(rule func(r *http.Request, status int) bool) Option {
 	return option(failIf(rule == nil, "WithRefund: nil rule"), func(c *config) { c.refund = rule })
 }
@@ -253,15 +233,13 @@ type Penalty struct {
 	Failed func(r *http.Request, status int) bool
 }
 
-// WithPenalty puts a key in a penalty box (default: none): once Strikes of
-// its requests within about Within were refused (429) or, with Failed,
-// failed, its buckets refuse every request that costs tokens for Block (plus
-// the WithDelay wait), then refill at the rate. On a [Multi] the key is the
-// first policy's subject, whose policies alone are blocked and strikes. The
-// block is the buckets' state ([store.Admin].Block), seen by every server and
-// this one's FailLocal share; it counts no strikes and gets no refunds (with
-// refunds or Failed, one more store call reads the bucket). A strike is a
-// store call, lost if it fails; the failure policy and dry-run count none.
+// WithPenalty puts a key in a penalty box (default: none): once Strikes of its requests within about
+// Within were refused (429) or, with Failed, failed, its buckets refuse every request that costs
+// tokens for Block (plus the WithDelay wait), then refill at the rate. On a [Multi] the key is the
+// first policy's subject, whose policies alone are blocked and strikes. The block is the buckets'
+// state ([store.Admin].Block), seen by every server and this one's FailLocal share; it counts no
+// strikes and gets no refunds (with refunds or Failed, one more store call reads the bucket). A
+// strike is a store call, lost if it fails; the failure policy and dry-run count none.
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
@@ -273,10 +251,9 @@ func (p *Penalty) strikes() store.Limit {
 	return store.Limit{Rate: p.Strikes, Period: p.Within, Burst: p.Strikes}
 }
 
-// WithAllowList lets requests pass as [WithSkip] does (default: none) when the
-// client's address is in an entry's network ("10.0.0.0/8", "2001:db8::1") or
-// the subject is an entry that is a key ("user:admin"); the address is the one
-// [keyfuncs.ClientIPMiddleware], else [keyfuncs.ClientIP], resolved, else the peer.
+// WithAllowList lets requests pass as [WithSkip] does (default: none) when the client's address is
+// in an entry's network ("10.0.0.0/8", "2001:db8::1") or the subject is a key entry ("user:admin");
+// the address is what [keyfuncs.ClientIPMiddleware], else [keyfuncs.ClientIP], resolved, else the peer.
 func WithAllowList(entries ...string) Option {
 	return func(c *config) error {
 		for _, e := range entries {
@@ -299,8 +276,7 @@ func WithAllowList(entries ...string) Option {
 	}
 }
 
-// parseAllowNet reads an allow-list entry as an address or a prefix, or as
-// a key (an invalid prefix and no error).
+// parseAllowNet reads an allow-list entry as an address or a prefix, or a key (no prefix, no error).
 func parseAllowNet(e string) (netip.Prefix, error) {
 	addr, bits, isPrefix := strings.Cut(e, "/")
 	a, err := netip.ParseAddr(addr)
@@ -325,8 +301,7 @@ func parseAllowNet(e string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// allowedResolved reports whether r is allowed, and whether that is known before
-// the key functions run (no networks, or ClientIPMiddleware resolved r's address).
+// allowedResolved reports whether r is allowed, and whether that is known before the key functions run.
 func (c *config) allowedResolved(r *http.Request) (allowed, known bool) {
 	if len(c.allowNets) == 0 {
 		return false, true

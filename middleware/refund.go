@@ -26,12 +26,10 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 	return s.ResponseWriter.Write(b)
 }
 
-// Flush lets streaming handlers flush through the wrapper.
 func (s *statusWriter) Flush() {
 	_ = http.NewResponseController(s.ResponseWriter).Flush()
 }
 
-// Hijack lets a handler take over the connection through the wrapper.
 func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(s.ResponseWriter).Hijack()
 }
