@@ -179,8 +179,7 @@ func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler
 	next.ServeHTTP(w, r)
 }
 
-// fallBack applies the failure policy to err, and reports whether q was
-// decided locally; if not, the request was answered or has gone.
+// fallBack applies the failure policy to err: true if q was decided locally, false if answered or gone.
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
 	if gone(r.Context()) {
@@ -236,9 +235,8 @@ func (pol *policy) appendKey(b []byte, r *http.Request) ([]byte, string, error) 
 	return pol.appendSubject(b, subject), subject, err
 }
 
-// appendSubject appends the store key of subject to b: "<name>:<subject>",
-// "{<name>:<subject>}" if the subject has a brace (which then picks no Redis
-// Cluster slot), or a Multi's "<name>:{<subject>}" (one slot per subject).
+// appendSubject appends subject's store key to b: "<name>:<subject>", "{<name>:<subject>}" if the
+// subject has a brace (which then picks no Cluster slot), or a Multi's "<name>:{<subject>}".
 func (pol *policy) appendSubject(b []byte, subject string) []byte {
 	braced := !pol.tagged && strings.IndexByte(subject, '{') >= 0
 	if braced {
@@ -254,8 +252,7 @@ func (pol *policy) appendSubject(b []byte, subject string) []byte {
 // decide puts in q.res the deny cache's refusal, else the store's answer.
 func (l *Limiter) decide(ctx context.Context, q *request) error {
 	key, lim := q.keyOf(0), q.p.policies[0].limit
-	// Plans of one policy; not a read, nor a window quota, which it does not model.
-	deny := l.deny != nil && q.cost > 0 && lim.Window == nil
+	deny := l.deny != nil && q.cost > 0 && lim.Window == nil // one-policy plans, not reads or window quotas
 	var verdict denyVerdict
 	var gen uint64
 	var res store.Result // zero unless the cache or the store answered
@@ -310,9 +307,8 @@ func (l *Limiter) call(ctx context.Context, fn func(context.Context) error) erro
 	return l.brk.call(ctx, probe, func() error { return fn(tctx) })
 }
 
-// take decides q on the store, or on FailLocal's under the local shares,
-// into q.res unless it mirrors what the store allowed; a fallback never
-// waits. A sweep is a goroutine that ends with it: a Limiter has no Close.
+// take decides q on the store, or FailLocal's under the local shares, into q.res unless mirror; a
+// fallback never waits. A sweep is a goroutine that ends with it: a Limiter has no Close.
 func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) error {
 	s, delay := l.store, l.cfg.delay
 	if local {
@@ -359,9 +355,8 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 	return err
 }
 
-// wait holds an allowed request until its tokens are due (WithDelay). One
-// whose deadline comes first gives them back and is refused until they are
-// due; one whose client went away gives them back and reports false.
+// wait holds an allowed request until its tokens are due (WithDelay), else gives them back: refused
+// until due if its deadline comes first, false if its client went away.
 func (l *Limiter) wait(r *http.Request, q *request) bool {
 	for i := range q.res { // the policies' longest Delay
 		if q.res[i].Allowed {
@@ -426,8 +421,7 @@ func (l *Limiter) report(r *http.Request, q *request, i int, e Event) {
 	l.observe(r, q.p.policies[i].event, e)
 }
 
-// respond reports the decision, writes its headers and serves or refuses
-// the request, for the policy that frees last.
+// respond reports q, writes its headers and serves or refuses the request (for the policy freeing last).
 func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	c, pols := &l.cfg, q.p.policies
 	allowed := allAllowed(q.res)
@@ -494,8 +488,7 @@ func (pol *policy) quota(res store.Result) headers.Quota {
 		Remaining: res.Remaining, Reset: NextToken(res)} // Limit: the local share under FailLocal
 }
 
-// newPolicy returns the policy of p in tier: a Limiter's named by its
-// options, a Multi's (tagged) by p; keyed by p.Key, else [WithKeyFunc].
+// newPolicy returns p's policy in tier, named by p if tagged (a Multi's), else by the options.
 func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) {
 	c, limit, name, key := &l.cfg, p.Limit, l.cfg.name, p.Key
 	if key == nil {
@@ -547,8 +540,7 @@ func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) 
 	return pol, nil
 }
 
-// serveWatched serves the request, then refunds it or counts a strike as
-// WithRefund and Penalty.Failed say.
+// serveWatched serves the request, then refunds it or counts a strike as WithRefund and Failed say.
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
 	next.ServeHTTP(sw, r)
@@ -556,8 +548,7 @@ func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http
 	refund := q.refunds(&l.cfg) && l.cfg.refund(r, code)
 	p := l.cfg.penalty
 	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, code)
-	// Blocked meanwhile: no strike, and no tokens back into the block.
-	blocked := false
+	blocked := false // blocked meanwhile: no strike, and no tokens back into the block
 	if p != nil && (refund || strike) {
 		var res store.Result
 		err := l.call(context.WithoutCancel(r.Context()), func(ctx context.Context) (err error) {
@@ -584,16 +575,14 @@ func (q *request) refusedOwn() bool {
 	return false
 }
 
-// inBlock reports whether res's bucket is further from full than a bucket,
-// the WithDelay queue and the store's rounding: only a block puts it there.
+// inBlock reports whether res's bucket is further from full than a burst, the queue and rounding allow.
 func (l *Limiter) inBlock(res store.Result) bool {
 	return res.Limit.Window == nil && // a window quota is never blocked
 		res.ResetAfter > tokenTime(res.Limit, res.Limit.Burst, true)+time.Microsecond+l.cfg.delay
 }
 
-// strike counts a strike against q's subject in the bucket "}<store key>"
-// ('}' begins no limiter's key); the last blocks the subject's own buckets
-// not blocked yet, forgives the strikes and puts their state in q.res.
+// strike counts a strike against q's subject in the bucket "}<store key>" ('}' begins no key); the
+// last blocks the subject's own buckets not yet blocked, puts their state in q.res, forgives the strikes.
 func (l *Limiter) strike(r *http.Request, q *request) {
 	p, d, admin := l.cfg.penalty, l.cfg.delay, l.store.(store.Admin) // checked by New
 	strikes, ctx := "}"+string(q.keyOf(0)), context.WithoutCancel(r.Context())
@@ -641,8 +630,7 @@ func (l *Limiter) strike(r *http.Request, q *request) {
 	}
 }
 
-// giveBack gives q's cost back to its buckets (but not the subject's own if
-// notOwn), within the budget even if the client has gone.
+// giveBack refunds q's buckets (bar the subject's own if notOwn) within the budget, client gone or not.
 func (l *Limiter) giveBack(r *http.Request, q *request, notOwn bool) {
 	failed := func(err error) {
 		l.observe(r, l.cfg.name, Event{Kind: EventError, Cost: q.cost, Err: fmt.Errorf("middleware: %s: refund: %w", l.cfg.name, err)})

@@ -11,11 +11,9 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// fieldCache writes one policy's rate-limit fields as headers.Write does,
-// keeping those of up to 256 recent (remaining, reset) pairs: no allocation
-// (TestAllowedPathAllocatesNothing) where headers.Write costs 8. Responses
-// share each field's capped one-element slice, which Header.Set, Add and Del
-// replace or copy.
+// fieldCache writes one policy's rate-limit fields as headers.Write does, from those of up to 256
+// recent (remaining, reset) pairs, shared as capped one-element slices that Header.Set, Add and Del
+// replace or copy: no allocation where headers.Write costs 8 (TestAllowedPathAllocatesNothing).
 type fieldCache struct {
 	profile headers.Profile
 	policy  headers.Quota // Limit, Rate and Window: what the fields describe
@@ -85,9 +83,8 @@ func newFieldSet(p headers.Profile, q headers.Quota, reset int64) *fieldSet {
 	return fs
 }
 
-// writeDenied adds q's fields and a refusal's Retry-After to h, as
-// headers.Write then headers.WriteRetryAfter do: 1 allocation, not 20, and 10
-// times faster (BenchmarkDeniedHotKey, Memory store).
+// writeDenied adds q's fields and a refusal's Retry-After to h as headers.Write and WriteRetryAfter
+// do: 1 allocation, not 20, and 10 times faster (BenchmarkDeniedHotKey, Memory store).
 func (c *fieldCache) writeDenied(h http.Header, q headers.Quota, retryAfter time.Duration, now time.Time) {
 	fs := c.set(q)
 	if fs == nil || headers.Present(h) { // Retry-After depends on what else h holds
