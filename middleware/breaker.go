@@ -19,11 +19,9 @@ type BreakerState int32
 const (
 	// BreakerClosed sends every decision to the store.
 	BreakerClosed BreakerState = iota
-	// BreakerOpen leaves decisions to the failure policy, without calling
-	// the store, until the cooldown ends.
+	// BreakerOpen leaves decisions to the failure policy, without a store call, until the cooldown ends.
 	BreakerOpen
-	// BreakerHalfOpen lets one probe decision go to the store, and the others
-	// to the failure policy: its success closes the breaker, its failure opens it.
+	// BreakerHalfOpen lets one probe call the store, others fall back; success closes it, failure reopens.
 	BreakerHalfOpen
 )
 
@@ -37,8 +35,7 @@ func (s BreakerState) String() string {
 	return "unknown"
 }
 
-// breaker is a consecutive-failure circuit breaker; closed, it costs one
-// atomic load per decision.
+// breaker is a consecutive-failure circuit breaker; closed, it costs one atomic load per decision.
 type breaker struct {
 	threshold int64
 	cooldown  time.Duration
@@ -50,8 +47,7 @@ type breaker struct {
 	probedAt atomic.Int64 // UnixNano of the last probe's start
 }
 
-// allow reports whether a decision may call the store, and whether it is
-// the probe of a half-open breaker.
+// allow reports whether a decision may call the store, and whether it is a half-open breaker's probe.
 func (b *breaker) allow() (call, probe bool) {
 	switch BreakerState(b.state.Load()) {
 	case BreakerClosed:
@@ -67,8 +63,7 @@ func (b *breaker) allow() (call, probe bool) {
 			return true, true
 		}
 	case BreakerHalfOpen:
-		// A probe out for a cooldown (a store ignoring its deadline) is
-		// given up: this decision probes instead.
+		// A probe out for a cooldown (a store ignoring its deadline) is given up: this one probes.
 		now := time.Now().UnixNano()
 		if p := b.probedAt.Load(); now-p >= int64(b.cooldown) && b.probedAt.CompareAndSwap(p, now) {
 			return true, true
@@ -77,9 +72,8 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call that allow let through, and records its
-// outcome: an error, unless the request's ctx ended, is a failure; so is a
-// probe whose client left, or a panic.
+// call runs fn, a store call allow let through, and records its outcome: an error, unless ctx ended,
+// is a failure; so is a probe whose client left, or a panic.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	failed := true // if fn panics or calls runtime.Goexit
 	defer func() { b.done(probe, failed) }()

@@ -10,11 +10,9 @@ import (
 	"github.com/tollgate-go/tollgate/store"
 )
 
-// denyCache remembers, per store key, the store's last denial: until the
-// store's Retry-After, a request of that cost or more under the same limit
-// is refused locally. Tokens only come back with time, and times are read
-// after the store's reply: an entry can only err late. Sharded (no
-// process-wide lock) and bounded (see makeRoom).
+// denyCache remembers per store key the store's last denial: until its Retry-After, a request of that
+// cost or more under the same limit is refused locally. Tokens only come back with time, and times
+// are read after the store's reply: an entry can only err late. Sharded and bounded (makeRoom).
 type denyCache struct {
 	shards   []denyShard // a power of two
 	shardCap int
@@ -32,9 +30,8 @@ type denyShard struct {
 	_  [40]byte     // keep shards on separate cache lines
 }
 
-// denyEntry is one denial: a request under limit of cost at least cost is
-// refused until retryAt; then one probes the store, and until its answer
-// (or retryAt + window) the others are refused: the tokens are the probe's.
+// denyEntry is one denial: a request under limit of cost at least cost is refused until retryAt;
+// then one probes; until its answer (or retryAt + window) the others are refused: the tokens are its.
 type denyEntry struct {
 	limit   store.Limit
 	cost    int
@@ -86,8 +83,7 @@ func (d *denyCache) lookup(key []byte) (*denyShard, denyID) {
 	return &d.shards[h&uint64(len(d.shards)-1)], denyID{h, maphash.Bytes(d.seeds[1], key)}
 }
 
-// check looks key up for a request of cost under lim, without allocating: on
-// denyHit, res is the refusal; on denyProbe, gen is the entry's, for probed.
+// check looks key up for cost under lim without allocating: res is denyHit's refusal, gen denyProbe's.
 func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict, res store.Result, gen uint64) {
 	h := maphash.Bytes(d.seeds[0], key)
 	sh := &d.shards[h&uint64(len(d.shards)-1)]
@@ -117,8 +113,8 @@ func (d *denyCache) check(key []byte, lim store.Limit, cost int) (v denyVerdict,
 	return denyMiss, res, 0
 }
 
-// refusal is the store's answer, as far as e knows, to a request of cost at
-// now, when e's cost can succeed at retryAt and its bucket is full at resetAt.
+// refusal is the store's answer, as far as e knows, to a request of cost at now, when e's cost can
+// succeed at retryAt and its bucket is full at resetAt.
 func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.Duration) store.Result {
 	retryAt += tokenTime(e.limit, cost-e.cost, false) // the tokens beyond e.cost
 	resetAfter := max(resetAt-now, 0)
@@ -126,8 +122,7 @@ func (e *denyEntry) refusal(now time.Duration, cost int, retryAt, resetAt time.D
 		Remaining: min(tokensAt(e.limit, resetAfter), e.cost-1)}
 }
 
-// tokensAt returns the whole tokens in a bucket of lim full again in
-// resetAfter: max(0, Burst - ceil(resetAfter*Rate/Period)).
+// tokensAt returns the whole tokens in a bucket of lim that is full again in resetAfter.
 func tokensAt(lim store.Limit, resetAfter time.Duration) int {
 	if resetAfter <= 0 {
 		return lim.Burst
@@ -196,8 +191,7 @@ func (d *denyCache) probed(key []byte, gen uint64) {
 	sh.mu.Unlock()
 }
 
-// makeRoom drops, among a sample of a full shard's entries (sh.mu held),
-// those that refuse nothing more, or else the one that expires first.
+// makeRoom drops sampled entries of a full, locked sh that refuse nothing, else the first to expire.
 func (d *denyCache) makeRoom(sh *denyShard, now time.Duration) {
 	var victim denyID
 	var victimUntil time.Duration

@@ -43,8 +43,7 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event is one observation of a limiter. Its Key is client-chosen text:
-// use KeyClass, not Key, as a metric label or a log field.
+// Event is one observation of a limiter; its Key is client-chosen: label metrics and logs by KeyClass.
 type Event struct {
 	Kind     EventKind
 	Limiter  string        // the limiter's name (a policy of a tier: "api/pro")
@@ -62,9 +61,8 @@ type Event struct {
 	From, To BreakerState  // for EventBreaker
 }
 
-// Observer receives a limiter's events, synchronously on the request's
-// goroutine (for EventBreaker, the one that moved the breaker) and from many
-// at once: Observe must be safe for concurrent use and quick.
+// Observer receives a limiter's events, synchronously on the request's goroutine (for EventBreaker,
+// the one that moved the breaker) and from many at once: Observe must be concurrency-safe and quick.
 type Observer interface {
 	Observe(Event)
 }
@@ -75,11 +73,9 @@ type ObserverFunc func(Event)
 // Observe calls f(e).
 func (f ObserverFunc) Observe(e Event) { f(e) }
 
-// KeyClass returns the namespaces of a key built by package keyfuncs, a
-// safe metric label of at most 85 values: "ip:1.2.3.4" → "ip",
-// "user:42|route:GET /x" → "user+route" (parts split as [keyfuncs.Join]
-// escapes them, repeats dropped); "other" for an unknown namespace or more
-// than three kinds of part.
+// KeyClass returns the namespaces of a keyfuncs key, a safe metric label of at most 85 values:
+// "ip:1.2.3.4" → "ip", "user:42|route:GET /x" → "user+route" (parts split as [keyfuncs.Join] escapes
+// them, repeats dropped); "other" for an unknown namespace or more than three kinds of part.
 func KeyClass(key string) string {
 	var parts [3]string
 	n := 0
@@ -115,10 +111,9 @@ func KeyClass(key string) string {
 
 var keyClasses = []string{"ip", "user", "key", "route", "tier"}
 
-// ErrorKind classifies an event's error without its text, which may quote
-// the key: "timeout", "canceled", "breaker_open", "no_key", "cost", "config",
-// "store_config" (Redis will not run the script: see store.Redis.Check) or
-// "store".
+// ErrorKind classifies an event's error without its text, which may quote the key: "timeout",
+// "canceled", "breaker_open", "no_key", "cost", "config", "store_config" (Redis will not run the
+// script: see store.Redis.Check) or "store".
 func ErrorKind(err error) string {
 	switch {
 	case scriptRefused(err):
@@ -149,10 +144,9 @@ func scriptRefused(err error) bool {
 		strings.Contains(msg, "unknown command")
 }
 
-// SlogObserver returns an [Observer] that logs events to l (nil:
-// [slog.Default]): errors, fallbacks and an open breaker at level Warn,
-// denials and other breaker changes at Info, allowed and skipped requests
-// at Debug (nothing to pay unless the handler enables it).
+// SlogObserver returns an [Observer] that logs events to l (nil: [slog.Default]): errors, fallbacks
+// and an open breaker at level Warn, denials and other breaker changes at Info, allowed and skipped
+// requests at Debug (nothing to pay unless the handler enables it).
 func SlogObserver(l *slog.Logger) Observer {
 	if l == nil {
 		l = slog.Default()
