@@ -21,27 +21,22 @@ const (
 	Draft11 Profile = 1 << iota
 	// Draft03 writes RateLimit-Limit, -Remaining and -Reset of draft-03 (reset in delay-seconds).
 	Draft03
-	// XRateLimitEpoch writes X-RateLimit-Limit, -Remaining and -Reset, the reset
-	// as a Unix time in seconds, rounded up (GitHub style).
+	// XRateLimitEpoch writes X-RateLimit-Limit, -Remaining and -Reset (reset as a Unix time, GitHub style).
 	XRateLimitEpoch
 	// XRateLimitDelta writes X-RateLimit-Limit, -Remaining and -Reset (reset in delay-seconds).
 	XRateLimitDelta
 )
 
-// Default is the profile tollgate writes unless told otherwise: both the
-// draft-11 List fields and the draft-03 fields, which deployed clients read.
+// Default is the profile tollgate writes unless told otherwise.
 const Default = Draft11 | Draft03
 
 const allProfiles = Draft11 | Draft03 | XRateLimitEpoch | XRateLimitDelta
 
-var profileNames = [...]string{"Draft11", "Draft03", "XRateLimitEpoch", "XRateLimitDelta"}
-
 // ErrInvalidProfile is wrapped by the error [Profile.Validate] returns.
 var ErrInvalidProfile = errors.New("invalid profile")
 
-// Validate returns an error wrapping [ErrInvalidProfile] if p sets both
-// XRateLimitEpoch and XRateLimitDelta (they write the same fields) or sets
-// bits that are not defined here. The zero Profile is valid.
+// Validate returns an error wrapping [ErrInvalidProfile] if p sets bits not
+// defined here, or both XRateLimitEpoch and XRateLimitDelta. The zero Profile is valid.
 func (p Profile) Validate() error {
 	if unknown := p &^ allProfiles; unknown != 0 {
 		return fmt.Errorf("headers: %w %v: unknown bits %#02x", ErrInvalidProfile, p, uint8(unknown))
@@ -52,14 +47,10 @@ func (p Profile) Validate() error {
 	return nil
 }
 
-// String returns the flags of p joined by "|", such as "Draft11|Draft03",
-// with undefined bits in hexadecimal; the zero Profile is "none".
+// String returns the flags of p joined by "|", undefined bits in hexadecimal, or "none".
 func (p Profile) String() string {
-	if p == 0 {
-		return "none"
-	}
 	var parts []string
-	for i, name := range profileNames {
+	for i, name := range [...]string{"Draft11", "Draft03", "XRateLimitEpoch", "XRateLimitDelta"} {
 		if p&(1<<i) != 0 {
 			parts = append(parts, name)
 		}
@@ -67,7 +58,7 @@ func (p Profile) String() string {
 	if unknown := p &^ allProfiles; unknown != 0 {
 		parts = append(parts, fmt.Sprintf("%#02x", uint8(unknown)))
 	}
-	return strings.Join(parts, "|")
+	return cmp.Or(strings.Join(parts, "|"), "none")
 }
 
 // Quota is one limiter's state, to be reported on one response.
@@ -87,30 +78,26 @@ const (
 	keyRateLimit  = "Ratelimit"
 	keyRetryAfter = "Retry-After"
 
-	sfIntegerMax = 999_999_999_999_999 // the largest RFC 9651 Integer
-
-	// epochThreshold tells a Unix time from delay-seconds in an
-	// X-RateLimit-Reset read back: 10⁹ is September 2001, or 31 years.
-	epochThreshold = 1_000_000_000
+	sfIntegerMax   = 999_999_999_999_999 // the largest RFC 9651 Integer
+	epochThreshold = 1_000_000_000       // an X-RateLimit-Reset this large is a Unix time (2001), not a delay
 )
 
-// trioKeys names the three single-value fields of one legacy header set.
-type trioKeys struct{ limit, remaining, reset string }
+// trio is the state one set of single-value fields reports, and trioKeys their keys.
+type (
+	trio     struct{ limit, remaining, reset int64 }
+	trioKeys struct{ limit, remaining, reset string }
+)
 
 var (
 	draft03Keys = trioKeys{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"}
 	xKeys       = trioKeys{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
 )
 
-// Write adds q to h under profile p. now is used only for XRateLimitEpoch.
-// In the List fields an item of q's name is replaced in place, others are
-// kept, and a new name is appended; the single-value fields are set to q
-// only if q is tighter than what h holds, or if that does not parse.
-//
-// Bits of p that are not defined are ignored; if p sets both
-// XRateLimitEpoch and XRateLimitDelta, XRateLimitEpoch is written.
-// h must not be nil. Write keeps no state: it is safe for concurrent use
-// on different headers, but like [http.Header] itself not on the same h.
+// Write adds q to h (not nil, nor written concurrently) under p, ignoring undefined
+// bits; now is used only for XRateLimitEpoch, which wins over XRateLimitDelta. In the
+// List fields q's item replaces the first of its name or is appended; the single-value
+// fields are set to q if what h holds does not parse or q is tighter: fewer remaining,
+// then a later reset, then a smaller limit.
 func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	if p&Draft11 != 0 {
 		h.Set(keyPolicy, merge(h[keyPolicy], &q, true))
@@ -128,22 +115,19 @@ func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	}
 }
 
-// Present reports whether h holds any rate-limit field that [Write] writes,
-// under any profile.
+// Present reports whether h holds any field that [Write] writes, under any profile.
 func Present(h http.Header) bool {
-	return len(h[keyPolicy]) != 0 || len(h[keyRateLimit]) != 0 || !trioAbsent(h, &draft03Keys) || !trioAbsent(h, &xKeys)
+	return len(h[keyPolicy]) != 0 || len(h[keyRateLimit]) != 0 || draft03Keys.present(h) || xKeys.present(h)
 }
 
-func trioAbsent(h http.Header, keys *trioKeys) bool {
-	return len(h[keys.limit]) == 0 && len(h[keys.remaining]) == 0 && len(h[keys.reset]) == 0
+func (k *trioKeys) present(h http.Header) bool {
+	return len(h[k.limit]) != 0 || len(h[k.remaining]) != 0 || len(h[k.reset]) != 0
 }
 
-// WriteRetryAfter sets Retry-After for a 429 (or 503), replacing any value
-// h had: d rounded up to whole seconds, at least 1, and never earlier than
-// the reset of an exhausted quota already in h. Those are the items with
-// r=0 of a RateLimit List that parses, and the RateLimit-* and
-// X-RateLimit-* fields with a Remaining of 0; an X-RateLimit-Reset of 10⁹
-// or more is a Unix time, turned back into a delay with [time.Now].
+// WriteRetryAfter sets Retry-After for a 429 (or 503), replacing any value: d in whole
+// seconds ([Seconds]), at least 1, and no earlier than the reset of each exhausted quota
+// in h: r=0 in a RateLimit List that parses, or a Remaining of 0 in a single-value set
+// (where an X-RateLimit-Reset of 10⁹ or more is a Unix time, read with [time.Now]).
 func WriteRetryAfter(h http.Header, d time.Duration) {
 	writeRetryAfter(h, d, time.Now())
 }
@@ -164,14 +148,13 @@ func writeRetryAfter(h http.Header, d time.Duration, now time.Time) {
 			secs = max(secs, t)
 		}
 	}
-	if t, ok := readTrio(h, &draft03Keys); ok && t.remaining == 0 {
-		secs = max(secs, t.reset)
-	}
-	if t, ok := readTrio(h, &xKeys); ok && t.remaining == 0 {
-		if t.reset >= epochThreshold {
-			t.reset = Seconds(time.Unix(t.reset, 0).Sub(now))
+	for _, keys := range [...]*trioKeys{&draft03Keys, &xKeys} {
+		if t, ok := readTrio(h, keys); ok && t.remaining == 0 {
+			if keys == &xKeys && t.reset >= epochThreshold {
+				t.reset = Seconds(time.Unix(t.reset, 0).Sub(now))
+			}
+			secs = max(secs, t.reset)
 		}
-		secs = max(secs, t.reset)
 	}
 	h[keyRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 }
@@ -184,11 +167,9 @@ func Seconds(d time.Duration) int64 {
 	return int64((d-1)/time.Second) + 1
 }
 
-// PolicyQuota returns the q and w of RateLimit-Policy for rate tokens per
-// period: w is period in whole seconds, rounded up and at least 1, and q the
-// tokens that fall in w, rounded down, so that q/w never promises more than
-// the rate: 5 per 500ms is q=10;w=1, 3 per 1.5s q=4;w=2, 100 per minute
-// q=100;w=60. A period of 0 or less gives q=rate;w=1.
+// PolicyQuota returns the q and w of RateLimit-Policy for rate tokens per period: w is
+// period in seconds ([Seconds]), at least 1, and q the tokens in w rounded down, so that
+// q/w never exceeds the rate (5 per 500ms is q=10;w=1). A period of 0 or less gives q=rate;w=1.
 func PolicyQuota(rate int, period time.Duration) (q, w int64) {
 	q, w = clampInt(rate), max(Seconds(period), 1)
 	if period <= 0 {
@@ -203,8 +184,7 @@ func PolicyQuota(rate int, period time.Duration) (q, w int64) {
 	return int64(min(n, sfIntegerMax)), w
 }
 
-// epochSeconds returns the Unix time, rounded up to a whole second, at
-// which a delay of d from now ends, within [0, sfIntegerMax].
+// epochSeconds returns the Unix time d after now, rounded up, within [0, sfIntegerMax].
 func epochSeconds(now time.Time, d time.Duration) int64 {
 	d = max(d, 0)
 	// The sum of two durations under 1s cannot overflow.
@@ -218,10 +198,8 @@ func clampInt(v int) int64 {
 	return min(max(int64(v), 0), sfIntegerMax)
 }
 
-// merge returns the List field lines with q's item in place of the first
-// member of q's name (later ones dropped), or appended if none has it; a
-// List that [list] rejects is replaced by q's item alone. policy selects
-// the RateLimit-Policy item over the RateLimit one.
+// merge returns lines with q's item (policy: RateLimit-Policy's) as [Write] puts
+// it, later members of q's name dropped and a List that [list] rejects replaced.
 func merge(lines []string, q *Quota, policy bool) string {
 	var buf [64]byte // BenchmarkWrite, Default/one quota: 6 allocations fewer
 	if len(lines) == 0 {
@@ -231,9 +209,8 @@ func merge(lines []string, q *Quota, policy bool) string {
 	var b []byte
 	mine := false
 	for _, m := range list(lines) {
-		same := strings.HasPrefix(m, name) && (len(m) == len(name) || m[len(name)] == ';')
 		switch {
-		case !same:
+		case !strings.HasPrefix(m, name) || len(m) > len(name) && m[len(name)] != ';':
 			b = append(append(b, m...), ", "...)
 		case !mine:
 			b, mine = append(appendItem(b, q, policy), ", "...), true
@@ -245,32 +222,25 @@ func merge(lines []string, q *Quota, policy bool) string {
 	return string(appendItem(b, q, policy))
 }
 
-// list returns the members of the List field lines, trimmed, or nil unless
-// each is a String, Token, Integer, Decimal, Boolean, Byte Sequence or inner
-// list of those, with parameters whose values are any of those but an inner
-// list (which RFC 9651 does not allow there): what rate limiters write.
-// Anything else, even valid RFC 9651, is not kept, so that every List Write
-// leaves parses.
+// list returns the trimmed members of the List field lines, or nil unless each is an
+// item or inner list of items, with parameters whose values are items: what rate limiters
+// write (some valid RFC 9651 is not kept, so that every List Write leaves parses).
 func list(lines []string) []string {
 	ms := split(strings.Join(lines, ","), ',')
 	for i, m := range ms {
 		ms[i] = strings.Trim(m, " \t")
-		if !plainMember(ms[i]) {
+		parts := split(ms[i], ';')
+		if !plainItem(parts[0]) {
 			return nil
+		}
+		for _, p := range parts[1:] {
+			k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
+			if !isKey(k) || hasValue && (!plainItem(v) || v[0] == '(') {
+				return nil
+			}
 		}
 	}
 	return ms
-}
-
-func plainMember(m string) bool {
-	parts := split(m, ';')
-	for _, p := range parts[1:] {
-		k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
-		if !isKey(k) || hasValue && (!plainItem(v) || v[0] == '(') {
-			return false
-		}
-	}
-	return plainItem(parts[0])
 }
 
 const (
@@ -279,27 +249,19 @@ const (
 	digits  = "0123456789"
 )
 
-// plainItem reports whether s is an item of a kind list keeps.
+// plainItem reports whether s is a bare item but a Date or Display String, or an inner list of those.
 func plainItem(s string) bool {
 	if s == "" {
 		return false
 	}
 	switch c := s[0]; {
-	case c == '"':
-		for i := 1; i < len(s); i++ {
-			switch {
-			case s[i] == '\\' && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\\'):
-				i++
-			case s[i] == '"':
-				return i == len(s)-1
-			case s[i] < 0x20 || s[i] > 0x7e || s[i] == '\\':
-				return false
-			}
-		}
-		return false
+	case c == '"': // without its escapes, printable ASCII but '"' and '\'
+		body, ok := strings.CutSuffix(s[1:], `"`)
+		body = strings.ReplaceAll(strings.ReplaceAll(body, `\\`, ""), `\"`, "")
+		return ok && strings.Trim(body, alpha+digits+" !#$%&'()*+,-./:;<=>?@[]^_`{|}~") == ""
 	case c == '?':
 		return s == "?0" || s == "?1"
-	case c == ':': // a Byte Sequence, such as the draft's pk
+	case c == ':':
 		b64, ok := strings.CutSuffix(s[1:], ":")
 		_, err := base64.StdEncoding.DecodeString(b64) // which skips '\r' and '\n': so the Trim
 		return ok && err == nil && strings.Trim(b64, alpha+digits+"+/=") == ""
@@ -318,7 +280,6 @@ func plainItem(s string) bool {
 	return false
 }
 
-// isKey reports whether s is an RFC 9651 parameter key.
 func isKey(s string) bool {
 	return s != "" && (s[0] == '*' || s[0] >= 'a' && s[0] <= 'z') && strings.Trim(s, lcalpha+digits+"_-.*") == ""
 }
@@ -328,10 +289,8 @@ func isDigits(s string, n int) bool {
 	return len(s) >= 1 && len(s) <= n && strings.Trim(s, digits) == ""
 }
 
-// split cuts s at each sep outside RFC 9651 Strings (which are the only
-// place a List's members or an item's parameters can hold a ',' or ';').
-func split(s string, sep byte) []string {
-	var out []string
+// split cuts s at each sep outside RFC 9651 Strings.
+func split(s string, sep byte) (out []string) {
 	start, quoted := 0, false
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
@@ -349,57 +308,43 @@ func split(s string, sep byte) []string {
 
 // appendItem appends q's RateLimit-Policy item (if policy) or RateLimit item.
 func appendItem(b []byte, q *Quota, policy bool) []byte {
-	b = appendString(b, q.Name)
-	if !policy {
-		b = strconv.AppendInt(append(b, ";r="...), clampInt(q.Remaining), 10)
-		return strconv.AppendInt(append(b, ";t="...), Seconds(q.Reset), 10)
+	k1, v1, k2, v2 := ";r=", clampInt(q.Remaining), ";t=", Seconds(q.Reset)
+	if policy {
+		k1, k2 = ";q=", ";w="
+		v1, v2 = PolicyQuota(cmp.Or(q.Rate, q.Limit), q.Window)
 	}
-	quota, window := PolicyQuota(cmp.Or(q.Rate, q.Limit), q.Window)
-	b = strconv.AppendInt(append(b, ";q="...), quota, 10)
-	return strconv.AppendInt(append(b, ";w="...), window, 10)
+	b = strconv.AppendInt(append(appendString(b, q.Name), k1...), v1, 10)
+	return strconv.AppendInt(append(b, k2...), v2, 10)
 }
 
-// appendString appends s as an RFC 9651 String: '"' and '\' escaped, and
-// each byte a String cannot hold written as '?'.
+// appendString appends s as an RFC 9651 String, each byte it cannot hold as '?'.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '"' || c == '\\' {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
-		} else {
-			b = append(b, sanitize(c))
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
 		}
 	}
 	return append(b, '"')
 }
 
-// sanitize returns c, or '?' if c is not printable ASCII.
-func sanitize(c byte) byte {
-	if c < 0x20 || c > 0x7e {
-		return '?'
-	}
-	return c
-}
-
-// trio is the state reported by one set of single-value fields.
-type trio struct{ limit, remaining, reset int64 }
-
-// tighter reports whether t is a tighter state to report than u: fewer
-// tokens left, then a later reset, then a smaller limit. A strict order,
-// so that the order of Writes does not matter.
+// tighter is the order of [Write]; a strict one, so that Writes commute.
 func (t trio) tighter(u trio) bool {
 	return cmp.Or(cmp.Compare(u.remaining, t.remaining), cmp.Compare(t.reset, u.reset), cmp.Compare(u.limit, t.limit)) > 0
 }
 
-// write sets the fields keys of h to t, unless they hold a state that
-// parses and is as tight.
+// write sets the fields keys of h to t, unless they hold a state that parses and is as tight.
 func (t trio) write(h http.Header, keys *trioKeys) {
-	if old, ok := readTrio(h, keys); ok && !t.tighter(old) {
-		return
+	if old, ok := readTrio(h, keys); !ok || t.tighter(old) {
+		h.Set(keys.limit, strconv.FormatInt(t.limit, 10))
+		h.Set(keys.remaining, strconv.FormatInt(t.remaining, 10))
+		h.Set(keys.reset, strconv.FormatInt(t.reset, 10))
 	}
-	h.Set(keys.limit, strconv.FormatInt(t.limit, 10))
-	h.Set(keys.remaining, strconv.FormatInt(t.remaining, 10))
-	h.Set(keys.reset, strconv.FormatInt(t.reset, 10))
 }
 
 // readTrio reads the fields keys from h, if each is one line of 1 to 18 digits.

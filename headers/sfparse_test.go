@@ -96,7 +96,11 @@ func (it bareItem) isString(name string) bool {
 			j++
 			c = raw[j]
 		}
-		if c != sanitize(name[i]) {
+		want := name[i]
+		if want < 0x20 || want > 0x7e {
+			want = '?' // as appendString writes it
+		}
+		if c != want {
 			return false
 		}
 		j++
