@@ -95,9 +95,10 @@ var (
 
 // Write adds q to h (not nil, nor written concurrently) under p, ignoring undefined
 // bits; now is used only for XRateLimitEpoch, which wins over XRateLimitDelta. In the
-// List fields q's item replaces the first of its name or is appended; the single-value
-// fields are set to q if what h holds does not parse or q is tighter: fewer remaining,
-// then a later reset, then a smaller limit.
+// List fields q's item replaces the first of its name (dropping later ones) or is
+// appended, and a List not all of items as rate limiters write them is replaced, so that
+// what Write leaves parses; the single-value fields are set to q if what h holds does
+// not parse or q is tighter: fewer remaining, then a later reset, then a smaller limit.
 func Write(h http.Header, p Profile, q Quota, now time.Time) {
 	if p&Draft11 != 0 {
 		h.Set(keyPolicy, merge(h[keyPolicy], &q, true))
@@ -187,7 +188,6 @@ func PolicyQuota(rate int, period time.Duration) (q, w int64) {
 // epochSeconds returns the Unix time d after now, rounded up, within [0, sfIntegerMax].
 func epochSeconds(now time.Time, d time.Duration) int64 {
 	d = max(d, 0)
-	// The sum of two durations under 1s cannot overflow.
 	s := int64(d/time.Second) + Seconds(d%time.Second+time.Duration(now.Nanosecond()))
 	unix := min(max(now.Unix(), -sfIntegerMax), sfIntegerMax) // so that unix+s cannot overflow
 	return min(max(unix+s, 0), sfIntegerMax)
@@ -198,8 +198,7 @@ func clampInt(v int) int64 {
 	return min(max(int64(v), 0), sfIntegerMax)
 }
 
-// merge returns lines with q's item (policy: RateLimit-Policy's) as [Write] puts
-// it, later members of q's name dropped and a List that [list] rejects replaced.
+// merge returns lines with q's item (policy: RateLimit-Policy's) in, as [Write] says.
 func merge(lines []string, q *Quota, policy bool) string {
 	var buf [64]byte // BenchmarkWrite, Default/one quota: 6 allocations fewer
 	if len(lines) == 0 {
@@ -222,25 +221,30 @@ func merge(lines []string, q *Quota, policy bool) string {
 	return string(appendItem(b, q, policy))
 }
 
-// list returns the trimmed members of the List field lines, or nil unless each is an
-// item or inner list of items, with parameters whose values are items: what rate limiters
-// write (some valid RFC 9651 is not kept, so that every List Write leaves parses).
+// list returns the trimmed members of the List field lines, or nil unless each is as
+// [Write] keeps it: an item or inner list of items, with parameters whose values are items.
 func list(lines []string) []string {
 	ms := split(strings.Join(lines, ","), ',')
 	for i, m := range ms {
 		ms[i] = strings.Trim(m, " \t")
-		parts := split(ms[i], ';')
-		if !plainItem(parts[0]) {
+		if !plainMember(ms[i]) {
 			return nil
-		}
-		for _, p := range parts[1:] {
-			k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
-			if !isKey(k) || hasValue && (!plainItem(v) || v[0] == '(') {
-				return nil
-			}
 		}
 	}
 	return ms
+}
+
+// plainMember is not inlined into list: in a loop there, split would allocate.
+func plainMember(m string) bool {
+	parts := split(m, ';')
+	for _, p := range parts[1:] {
+		k, v, hasValue := strings.Cut(strings.TrimLeft(p, " "), "=") // spaces only after ';'
+		isKey := k != "" && (k[0] == '*' || k[0] >= 'a' && k[0] <= 'z') && strings.Trim(k, lcalpha+digits+"_-.*") == ""
+		if !isKey || hasValue && (!plainItem(v) || v[0] == '(') {
+			return false
+		}
+	}
+	return plainItem(parts[0])
 }
 
 const (
@@ -278,10 +282,6 @@ func plainItem(s string) bool {
 		return strings.Trim(s, alpha+digits+"!#$%&'*+-.^_`|~:/") == ""
 	}
 	return false
-}
-
-func isKey(s string) bool {
-	return s != "" && (s[0] == '*' || s[0] >= 'a' && s[0] <= 'z') && strings.Trim(s, lcalpha+digits+"_-.*") == ""
 }
 
 // isDigits reports whether s is 1 to n decimal digits.
