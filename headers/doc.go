@@ -9,9 +9,8 @@
 //	RateLimit: "<name>";r=<Remaining>;t=<Reset>
 //
 // q/w is the sustained rate ([PolicyQuota]), r the whole tokens left and t the seconds
-// until the next token. Durations are rounded up ([Seconds]), so a client that waits as
-// long as it is told is never early; counts below zero are 0, and integers are capped at
-// 999999999999999, the largest RFC 9651 Integer.
+// until the next token, rounded up ([Seconds]) so that a client waiting as told is never
+// early. Counts below zero are 0; integers are capped at 999999999999999, RFC 9651's largest.
 //
 // [draft-ietf-httpapi-ratelimit-headers-11]: https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-ratelimit-headers-11
 // [RFC 9651]: https://www.rfc-editor.org/rfc/rfc9651

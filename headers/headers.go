@@ -35,8 +35,8 @@ const allProfiles = Draft11 | Draft03 | XRateLimitEpoch | XRateLimitDelta
 // ErrInvalidProfile is wrapped by the error [Profile.Validate] returns.
 var ErrInvalidProfile = errors.New("invalid profile")
 
-// Validate returns an error wrapping [ErrInvalidProfile] if p sets bits not
-// defined here, or both XRateLimitEpoch and XRateLimitDelta. The zero Profile is valid.
+// Validate returns an error wrapping [ErrInvalidProfile] if p sets undefined bits or both
+// XRateLimitEpoch and XRateLimitDelta. The zero Profile is valid.
 func (p Profile) Validate() error {
 	if unknown := p &^ allProfiles; unknown != 0 {
 		return fmt.Errorf("headers: %w %v: unknown bits %#02x", ErrInvalidProfile, p, uint8(unknown))
@@ -83,10 +83,8 @@ const (
 )
 
 // trio is the state one set of single-value fields reports, and trioKeys their keys.
-type (
-	trio     struct{ limit, remaining, reset int64 }
-	trioKeys struct{ limit, remaining, reset string }
-)
+type trio struct{ limit, remaining, reset int64 }
+type trioKeys struct{ limit, remaining, reset string }
 
 var (
 	draft03Keys = trioKeys{"Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset"}
@@ -205,8 +203,7 @@ func merge(lines []string, q *Quota, policy bool) string {
 		return string(appendItem(buf[:0], q, policy))
 	}
 	name := string(appendString(buf[:0], q.Name))
-	var b []byte
-	mine := false
+	b, mine := []byte(nil), false
 	for _, m := range list(lines) {
 		switch {
 		case !strings.HasPrefix(m, name) || len(m) > len(name) && m[len(name)] != ';':
@@ -226,8 +223,7 @@ func merge(lines []string, q *Quota, policy bool) string {
 func list(lines []string) []string {
 	ms := split(strings.Join(lines, ","), ',')
 	for i, m := range ms {
-		ms[i] = strings.Trim(m, " \t")
-		if !plainMember(ms[i]) {
+		if ms[i] = strings.Trim(m, " \t"); !plainMember(ms[i]) {
 			return nil
 		}
 	}
@@ -259,10 +255,15 @@ func plainItem(s string) bool {
 		return false
 	}
 	switch c := s[0]; {
-	case c == '"': // without its escapes, printable ASCII but '"' and '\'
-		body, ok := strings.CutSuffix(s[1:], `"`)
-		body = strings.ReplaceAll(strings.ReplaceAll(body, `\\`, ""), `\"`, "")
-		return ok && strings.Trim(body, alpha+digits+" !#$%&'()*+,-./:;<=>?@[]^_`{|}~") == ""
+	case c == '"': // printable ASCII, '"' and '\' escaped, up to the closing '"'
+		for i := 1; i < len(s); i++ {
+			if s[i] == '\\' && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\\') {
+				i++
+			} else if s[i] == '"' || s[i] < ' ' || s[i] > '~' || s[i] == '\\' {
+				return s[i] == '"' && i == len(s)-1
+			}
+		}
+		return false
 	case c == '?':
 		return s == "?0" || s == "?1"
 	case c == ':':
@@ -308,13 +309,14 @@ func split(s string, sep byte) (out []string) {
 
 // appendItem appends q's RateLimit-Policy item (if policy) or RateLimit item.
 func appendItem(b []byte, q *Quota, policy bool) []byte {
-	k1, v1, k2, v2 := ";r=", clampInt(q.Remaining), ";t=", Seconds(q.Reset)
-	if policy {
-		k1, k2 = ";q=", ";w="
-		v1, v2 = PolicyQuota(cmp.Or(q.Rate, q.Limit), q.Window)
+	b = appendString(b, q.Name)
+	if !policy {
+		b = strconv.AppendInt(append(b, ";r="...), clampInt(q.Remaining), 10)
+		return strconv.AppendInt(append(b, ";t="...), Seconds(q.Reset), 10)
 	}
-	b = strconv.AppendInt(append(appendString(b, q.Name), k1...), v1, 10)
-	return strconv.AppendInt(append(b, k2...), v2, 10)
+	quota, window := PolicyQuota(cmp.Or(q.Rate, q.Limit), q.Window)
+	b = strconv.AppendInt(append(b, ";q="...), quota, 10)
+	return strconv.AppendInt(append(b, ";w="...), window, 10)
 }
 
 // appendString appends s as an RFC 9651 String, each byte it cannot hold as '?'.
@@ -355,10 +357,9 @@ func readTrio(h http.Header, keys *trioKeys) (trio, bool) {
 	return trio{limit, remaining, reset}, ok1 && ok2 && ok3
 }
 
-func readInt(lines []string) (int64, bool) {
-	if len(lines) != 1 || !isDigits(lines[0], 18) {
-		return 0, false
+func readInt(lines []string) (n int64, ok bool) {
+	if ok = len(lines) == 1 && isDigits(lines[0], 18); ok {
+		n, _ = strconv.ParseInt(lines[0], 10, 64)
 	}
-	n, _ := strconv.ParseInt(lines[0], 10, 64)
-	return n, true
+	return n, ok
 }
