@@ -41,11 +41,12 @@ func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour, Burst
 func (l Limit) Validate() error { _, err := newParams(l); return err }
 
 // ValidateDelay reports whether a [Delayer] can take l's tokens up to
-// maxDelay (at least 0) ahead, within the bounds of Validate.
+// maxDelay (at least 0) ahead, within the bounds of Validate. The error
+// wraps [ErrInvalidLimit].
 func (l Limit) ValidateDelay(maxDelay time.Duration) error { return l.validate(maxDelay, false) }
 
 // ValidateBlock reports whether an [Admin] can block l's bucket for d
-// (positive), within the bounds of Validate.
+// (positive), within the bounds of Validate. The error wraps [ErrInvalidLimit].
 func (l Limit) ValidateBlock(d time.Duration) error { return l.validate(d, true) }
 
 func (l Limit) validate(d time.Duration, block bool) error {
@@ -68,8 +69,8 @@ type Admin interface {
 }
 
 // Inspect reads key's bucket under limit without taking from it and says
-// what a Take of cost would answer now (a denied window quota's RetryAfter
-// is its ResetAfter: at most that for a sliding one).
+// what a Take of cost would answer now, RetryAfter rounded up to the µs (a
+// denied window quota's is its ResetAfter: at most that for a sliding one).
 func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, err
@@ -130,8 +131,9 @@ type Store interface {
 // Delayer is a [Store] that can take tokens ahead of time, for requests that
 // wait for them (middleware.WithDelay).
 type Delayer interface {
-	// TakeDelayed is Take, but tokens due within maxDelay (at least 0) are
-	// taken now and the Result allows after its Delay; one that would wait
-	// longer is denied, consuming nothing.
+	// TakeDelayed is Take, but tokens due within maxDelay are taken now and
+	// the Result allows after its Delay; one that would wait longer is
+	// denied, consuming nothing, its RetryAfter until it would be taken. A
+	// maxDelay below 0 is an error.
 	TakeDelayed(ctx context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (Result, error)
 }

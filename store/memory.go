@@ -23,8 +23,9 @@ const shards = 64
 // semantics of [Redis]: for one server, tests, and degraded mode. Buckets
 // live while not full in 64 maps behind read-write locks, each with its own
 // mutex. Past MaxKeys a new key drops a full bucket, or forgets the nearest
-// to full ([Memory.Evicted]). Call [NewMemory], and [Memory.Close] to stop
-// its sweeper.
+// to full ([Memory.Evicted]), which can only loosen that key's limit. It is
+// safe for concurrent use; call [NewMemory], and [Memory.Close] to stop its
+// sweeper.
 type Memory struct {
 	shards        [shards]shard
 	seeds         [2]maphash.Seed // of a key's id
@@ -483,7 +484,8 @@ func (m *Memory) Len() int { return int(m.live.Load()) }
 // MaxKeys: a growing count means the cap is too low.
 func (m *Memory) Evicted() int64 { return m.evicted.Load() }
 
-// Close stops the sweeper and waits for it; the store still decides after it.
+// Close stops the sweeper and waits for it; it is safe to call more than once
+// and returns nil. The store still decides after it.
 func (m *Memory) Close() error {
 	m.closeOnce.Do(func() { close(m.stop) })
 	<-m.done

@@ -21,8 +21,9 @@ const DefaultKeyPrefix = "tollgate:"
 // Redis is a [Store] that keeps buckets in Redis, shared by every server of an
 // application: each Take is one EVALSHA of [lua.TokenBucket] (atomic, on
 // Redis's clock; EVAL if Redis lacks the script), batched with concurrent
-// ones. It takes a go-redis Client (single node or Sentinel), ClusterClient
-// or Ring with ContextTimeoutEnabled. Call [NewRedis].
+// ones; a restart without persistence refills every bucket. It takes a
+// go-redis Client (single node or Sentinel), ClusterClient or Ring with
+// ContextTimeoutEnabled, and is safe for concurrent use. Call [NewRedis].
 type Redis struct {
 	client    redis.UniversalClient
 	cluster   *redis.ClusterClient // client, if a Cluster client
