@@ -11,8 +11,10 @@ import (
 // token bucket: [Fixed], [Sliding] or [Monthly], or one of them In a
 // Location. A count is kept per key and window kind, apart from the key's
 // bucket. Redis decides on its clock among windows computed around the
-// app's, so the two must agree within a window. (A pointer keeps a Limit
-// four words: a fifth cost a fifth of a Memory decision on one hot key.)
+// app's, so the two must agree within a window: a call whose windows Redis's
+// clock is past (a clock or a queue a window late) is refused. (A pointer
+// keeps a Limit four words: a fifth cost a fifth of a Memory decision on
+// one hot key.)
 type Window struct {
 	kind uint8 // fixed, sliding or monthly; 0: not a window (an error)
 	loc  *time.Location
