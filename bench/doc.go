@@ -12,6 +12,7 @@
 //   - cmd/server: one library as middleware on a net/http server.
 //   - cmd/load: a keep-alive HTTP load generator (requests/s, p50/p99, 200s
 //     and 429s), run as a separate process.
+//   - cmd/luaexp: Redis's time inside two versions of the script, per Take.
 //   - cmd/report: runs everything against a redis-server it starts and
 //     writes BENCHMARKS.md (make bench-peers).
 //

@@ -14,24 +14,38 @@
 -- holds another type), then its keys'.
 
 local LIMIT = 1125899906842624 -- 2^50
+local call, format = redis.call, string.format
+
+-- Every argument as a number, converted once, by arithmetic: calling a C
+-- function such as tonumber costs Redis more than the conversion. A merged
+-- call of 32 Takes on 32 keys spent 15-20 % less time per Take than with
+-- tonumber at each use (bench/cmd/luaexp, 3 alternating runs).
+local a, nargs = {}, #ARGV
+if not pcall(function()
+  for x = 1, nargs do
+    a[x] = ARGV[x] + 0
+  end
+end) then
+  return redis.error_reply('ERR tollgate: invalid arguments')
+end
 
 -- Check every group's arguments before anything is read or written: an
 -- error reply has written nothing.
 local groups, i, j = 0, 1, 1
-while j <= #ARGV do
-  local m = tonumber(ARGV[j])
+while j <= nargs do
+  local m = a[j]
   if not (m and m >= 1 and m % 1 == 0 and i + m - 1 <= #KEYS) then
     return redis.error_reply('ERR tollgate: invalid arguments')
   end
   j = j + 1
   for _ = 1, m do
-    local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+    local k, cap, q = a[j], a[j + 1], a[j + 2]
     if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
         and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
       return redis.error_reply('ERR tollgate: invalid arguments')
     end
     if q < 1 then
-      local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
+      local b0, b1, b2, b3 = a[j + 3], a[j + 4], a[j + 5], a[j + 6]
       if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
           and b0 < b1 and b1 < b2 and b2 < b3) then
         return redis.error_reply('ERR tollgate: invalid window bounds')
@@ -49,7 +63,7 @@ end
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then -- Redis < 5: writes after TIME
   redis.replicate_commands()
 end
-local t = redis.call('TIME')
+local t = call('TIME')
 local now = t[1] * 1000000 + t[2]
 
 -- Each group: read its keys into their slots of the reply, r + 1...: a
@@ -57,16 +71,24 @@ local now = t[1] * 1000000 + t[2]
 -- wins); then, if every k fits, write them. A group sees the writes of the
 -- groups before it (one key in two groups is decided twice, in order). A
 -- key that cannot be read (another type) fails its group, -1, unwritten; a
--- call of one group then replies Redis's error.
-local reply, wins, r = {}, nil, 0
+-- call of one group then replies Redis's error. A key's value is read once
+-- and written once per call (vals: its value now, false if none; ttls: the
+-- expiry in ms to set, false to delete it): a key in every group of a merged
+-- call of 32 (a hot or global bucket) took 40-50 % less time per Take than
+-- with a GET and a SET per group (bench/cmd/luaexp -hot).
+local reply, wins, r, vals, ttls = {}, nil, 0, {}, {}
 i, j = 1, 1
-while j <= #ARGV do
-  local m = tonumber(ARGV[j])
+while j <= nargs do
+  local m = a[j]
   local gi, gj, gr, all, failed = i, j + 1, r + 1, true, false
   j, r = gj, gr
   for i = gi, gi + m - 1 do
-    local k, cap, q = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-    local v = redis.pcall('GET', KEYS[i])
+    local k, cap, q = a[j], a[j + 1], a[j + 2]
+    local v = vals[KEYS[i]]
+    if v == nil then
+      v = redis.pcall('GET', KEYS[i])
+      vals[KEYS[i]] = v
+    end
     if type(v) == 'table' then
       if groups == 1 then
         return v
@@ -78,8 +100,10 @@ while j <= #ARGV do
       if v then
         local u, f, sq = tonumber(v), 0, q
         if not u then
-          local a, b, c = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
-          u, f, sq = tonumber(a), tonumber(b), tonumber(c)
+          local x, y, z = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+          if x then
+            u, f, sq = x + 0, y + 0, z + 0
+          end
         end
         if u and u % 1 == 0 and u >= 0 and u < 9007199254740992 and f < sq then
           if sq ~= q and f > 0 then
@@ -95,7 +119,7 @@ while j <= #ARGV do
       end
       reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
     else -- a window quota: pick the window of now among the bounds
-      local b0, b1, b2, b3 = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
+      local b0, b1, b2, b3 = a[j + 3], a[j + 4], a[j + 5], a[j + 6]
       local b = {b0, b1, b2, b3}
       local s, e, mid = b0, b1, false
       for w = 2, 3 do
@@ -108,16 +132,18 @@ while j <= #ARGV do
       if now >= b3 then -- bounds a window old: now's window is unknown, refused as a far state
         start, far, cur = b3, true, cap
       elseif v then
-        local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
-        a, p, c = tonumber(a), tonumber(p), tonumber(c)
+        local x, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+        if x then
+          x, p, c = x + 0, p + 0, c + 0
+        end
         for w = 2, 3 do -- a later window's state (a clock gone back): decided there, at its start
-          if a and a > s and a == b[w] then
+          if x and x > s and x == b[w] then
             s, e, tn, mid = b[w], b[w + 1], b[w], w == 2
           end
         end
-        if a and a >= s then -- a later window's counts as this one's
-          prev, cur, start, far = p, c, a, a > s
-        elseif a and q == -1 and a == s - (e - s) then
+        if x and x >= s then -- a later window's counts as this one's
+          prev, cur, start, far = p, c, x, x > s
+        elseif x and q == -1 and x == s - (e - s) then
           prev = c
         end
       end
@@ -150,21 +176,20 @@ while j <= #ARGV do
     if not all then
       break
     end
-    local k, q = tonumber(ARGV[wj]), tonumber(ARGV[wj + 2])
+    local k, q, key = a[wj], a[wj + 2], KEYS[wi]
     if q < 1 then
       local w = wins[wi]
       local prev, cur = reply[wr + 2], reply[wr + 3]
       local c = math.max(cur + w[3], 0)
       if c ~= cur and c == 0 and prev == 0 then -- nothing counted: no state
-        redis.call('DEL', KEYS[wi])
+        vals[key], ttls[key] = false, false
       elseif c ~= cur then -- written only if changed, its TTL from the clock's reading
         local ttl = w[2] - now
         if q == -1 then
           ttl = ttl + w[2] - w[1]
         end
         ttl = math.max(ttl, 1)
-        redis.call('SET', KEYS[wi], string.format('%d:%d:%d', reply[wr + 4], prev, c),
-          'PX', string.format('%d', (ttl + 999 - (ttl + 999) % 1000) / 1000))
+        vals[key], ttls[key] = format('%d:%d:%d', reply[wr + 4], prev, c), (ttl + 999 - (ttl + 999) % 1000) / 1000
       end
       reply[wr + 3], wj, wr = c, wj + 7, wr + 4
     else
@@ -182,16 +207,23 @@ while j <= #ARGV do
         end
       end
       if k ~= 0 and du == 0 and df == 0 then
-        redis.call('DEL', KEYS[wi])
+        vals[key], ttls[key] = false, false
       elseif k ~= 0 then -- digits, not Lua numbers: Redis 7.2.0-7.2.4 sends 1e8 as "1e+08"
-        local state, us = string.format('%d', now + du), du
+        local state, us = format('%d', now + du), du
         if df > 0 then
-          state, us = string.format('%d+%d/%d', now + du, df, q), du + 1
+          state, us = format('%d+%d/%d', now + du, df, q), du + 1
         end
-        redis.call('SET', KEYS[wi], state, 'PX', string.format('%d', (us + 999 - (us + 999) % 1000) / 1000))
+        vals[key], ttls[key] = state, (us + 999 - (us + 999) % 1000) / 1000
       end
       reply[wr + 1], reply[wr + 2], wj, wr = du, df, wj + 3, wr + 2
     end
+  end
+end
+for key, ms in pairs(ttls) do -- each key written once, with its last state
+  if ms then
+    call('SET', key, vals[key], 'PX', format('%d', ms))
+  else
+    call('DEL', key)
   end
 end
 return reply

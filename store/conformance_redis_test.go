@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
+	"github.com/tollgate-go/tollgate/lua"
 	"github.com/tollgate-go/tollgate/store"
 	"github.com/tollgate-go/tollgate/storetest"
 )
@@ -125,5 +128,75 @@ func TestWindowStaleBounds(t *testing.T) {
 		if res, err := fresh.Take(ctx, key, lim, 5); err != nil || !res.Allowed {
 			t.Fatalf("%v: a take of the whole quota with fresh bounds: %+v, %v", lim, res, err)
 		}
+	}
+}
+
+// The script's protocol (lua package doc), run raw on miniredis and a real
+// server: bad arguments get an "ERR tollgate:" reply and write nothing, even
+// after a valid group; and a key in several groups of one call is decided
+// in order, each group seeing the writes before it, and stored once with
+// the expiry of its last state.
+func TestScriptProtocol(t *testing.T) {
+	t.Parallel()
+	_, mini, _ := newMiniredis(t)
+	for _, tc := range []struct {
+		name   string
+		client *redis.Client
+	}{{"miniredis", mini}, {"redis-server", redistest.Server(t).Client(t)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, c := context.Background(), tc.client
+			script := redis.NewScript(lua.TokenBucket)
+			run := func(keys []string, args ...any) ([]any, error) {
+				v, err := script.Run(ctx, c, keys, args...).Result()
+				reply, _ := v.([]any)
+				return reply, err
+			}
+			// cap 2 tokens, q 1, t = 10 s: one token per 10 s, burst 2.
+			const tok = 10_000_000
+			bad := []struct {
+				name string
+				keys []string
+				args []any
+			}{
+				{"not a number", []string{"p:a"}, []any{1, "x", 2 * tok, 1}},
+				{"a fraction", []string{"p:a"}, []any{1, 1.5, 2 * tok, 1}},
+				{"cost above cap", []string{"p:a"}, []any{1, 3 * tok, 2 * tok, 1}},
+				{"cap above 2^50", []string{"p:a"}, []any{1, 1, int64(1) << 51, 1}},
+				{"a group of 0", []string{"p:a"}, []any{0, 1, 2 * tok, 1}},
+				{"a key without a group", []string{"p:a", "p:b"}, []any{1, tok, 2 * tok, 1}},
+				{"a group past the keys", []string{"p:a"}, []any{2, tok, 2 * tok, 1, tok, 2 * tok, 1}},
+				{"a valid group, then a bad one", []string{"p:a", "p:b"}, []any{1, tok, 2 * tok, 1, 1, tok, "nan", 1}},
+				{"window bounds out of order", []string{"p:w"}, []any{1, 1, 5, 0, 4, 3, 2, 1}},
+				{"window bounds not numbers", []string{"p:w"}, []any{1, 1, 5, 0, 1, 2, "three", 4}},
+			}
+			for _, b := range bad {
+				if _, err := run(b.keys, b.args...); err == nil || !strings.Contains(err.Error(), "ERR tollgate:") {
+					t.Errorf("%s: error %v; want an \"ERR tollgate:\" reply", b.name, err)
+				}
+			}
+			if n, err := c.Exists(ctx, "p:a", "p:b", "p:w").Result(); err != nil || n != 0 {
+				t.Fatalf("after the bad calls %d keys exist (%v); want none written", n, err)
+			}
+			// Three groups on one key, then one of it and another key: two tokens,
+			// then two denials, which write nothing of their group.
+			reply, err := run([]string{"p:hot", "p:hot", "p:hot", "p:hot", "p:other"},
+				1, tok, 2*tok, 1, 1, tok, 2*tok, 1, 1, tok, 2*tok, 1, 2, tok, 2*tok, 1, tok, 2*tok, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			allowed := []any{reply[0], reply[3], reply[6], reply[9]}
+			if want := []any{int64(1), int64(1), int64(0), int64(0)}; !slices.Equal(allowed, want) {
+				t.Errorf("allowed per group %v; want %v (reply %v)", allowed, want, reply)
+			}
+			if du := []any{reply[1], reply[4], reply[7], reply[10]}; du[0].(int64) < tok-1000 || du[1].(int64) < 2*tok-1000 || du[2] != du[1] || du[3] != du[1] || reply[12] != int64(0) {
+				t.Errorf("debt per group %v µs; want 10 s, 20 s, then 20 s twice, and 0 for the other key (reply %v)", du, reply)
+			}
+			if ttl, err := c.PTTL(ctx, "p:hot").Result(); err != nil || ttl < 19*time.Second || ttl > 20*time.Second {
+				t.Errorf("PTTL of the key after the call %v (%v); want 20 s, the last state's", ttl, err)
+			}
+			if n, _ := c.Exists(ctx, "p:other").Result(); n != 0 {
+				t.Errorf("the denied group's other key was written; want nothing of a denied group")
+			}
+		})
 	}
 }
