@@ -57,7 +57,8 @@ func (r *report) httpVariants(backend string) []httpVariant {
 		vs = append(vs, httpVariant{name: "tollgate-denycache", lib: lib,
 			flags: []string{"-deny-cache", strconv.Itoa(r.cfg.denyCache)}})
 		if backend == peers.Memory {
-			vs = append(vs, httpVariant{name: "tollgate-noheaders", lib: lib, flags: []string{"-no-headers"}})
+			vs = append(vs, httpVariant{name: "tollgate-noheaders", lib: lib, flags: []string{"-no-headers"}},
+				httpVariant{name: "bare handler + 5 fields", lib: "bare-fields"})
 		}
 	}
 	return vs

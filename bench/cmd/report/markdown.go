@@ -220,7 +220,11 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 		"second of a Redis core; and the commands Redis ran, from the `calls` of `INFO commandstats` before and "+
 		"after the measured run — which include the commands a Lua script runs (tollgate's EVALSHA runs TIME, "+
 		"GET and, when it takes tokens, SET, once per decision; on one node, concurrent decisions share one EVALSHA and its TIME). "+
-		"\"bare handler\" is the handler with no middleware; tollgate-noheaders is tollgate with `WithHeaders(0)`.\n\n", r.cfg.conns, r.cfg.httpDur, r.cfg.warmup, r.cfg.httpRounds, r.cores)
+		"\"bare handler\" is the handler with no middleware; tollgate-noheaders is tollgate with `WithHeaders(0)`; "+
+		"\"bare handler + 5 fields\" is the handler behind no limiter after five constant fields of the shape of "+
+		"tollgate's default headers are set (a map entry each, of a slice made once): what net/http itself spends "+
+		"on them (the header map, its copy when the handler writes, sorting and writing them), a ceiling for any "+
+		"middleware that sends them.\n\n", r.cfg.conns, r.cfg.httpDur, r.cfg.warmup, r.cfg.httpRounds, r.cores)
 	for _, backend := range []string{peers.Redis, peers.Memory} {
 		for _, w := range r.httpWorkloads() {
 			rows := r.httpRowsFor(backend, w.name)
