@@ -39,21 +39,26 @@
 // # Window quotas
 //
 // A key of a group may instead be a window quota: a count of at most quota
-// per window, its arguments seven instead of three:
+// per window, its arguments four or seven instead of three:
 //
-//	<k> <quota> <kind> <b0> <b1> <b2> <b3>
+//	<k> <quota> <kind> <period_us>          windows of period_us from the epoch (kind -2, -3)
+//	<k> <quota> <kind> <b0> <b1> <b2> <b3>  three windows the caller computed (kind 0, -1)
 //
-// k is the cost (negative: given back, not below 0), 1 <= quota <= 2^50, kind
-// 0 for a fixed window and -1 for a sliding one, and b0 < b1 < b2 < b3 the
-// µs bounds of three windows around the caller's clock: the script counts in
-// the one holding Redis's now (the first, now moved into it, if now < b0).
+// k is the cost (negative: given back, not below 0), 1 <= quota <= 2^50, and
+// kind -2 or 0 for a fixed window, -3 or -1 for a sliding one. With a period
+// (1 <= period_us <= 2^50) the script finds the window of Redis's now, [now -
+// now % period_us, + period_us), and the one before and after it. Else b0 <
+// b1 < b2 < b3 are the µs bounds of three windows around the caller's clock
+// (a calendar's): the script counts in the one holding Redis's now (the
+// first, now moved into it, if now < b0).
 // A fixed window's count is cur; a sliding one's, cur plus
 // floor(prev*(end-now)/(end-start)) of the window before it (exact while
 // quota*(end-start) <= 2^50). A state of a later window than now's (a clock
 // gone back) is decided in that window, at its start. k fits when k <= 0 or
 // count + k <= quota; then (all fitting) cur becomes max(cur + k, 0), but a
-// negative k applies only in the window [b1, b2): the caller puts there the
-// window of the take it gives back. A state is written only if cur changed.
+// negative k applies only in the window [b1, b2) (with a period: now's): the
+// caller puts there the window of the take it gives back. A state is
+// written only if cur changed.
 // A state of a window past the bounds refuses every take and refund, and so
 // do bounds Redis's now is past (b3 <= now: a caller's clock or queue a window
 // late), replying cur = quota and start = b3. The key's reply is four

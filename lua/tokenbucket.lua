@@ -1,4 +1,4 @@
--- tollgate token bucket and window quotas, version 6: the protocol is in
+-- tollgate token bucket and window quotas, version 7: the protocol is in
 -- the lua package's documentation (lua/doc.go). In short: KEYS are buckets or
 -- window quotas, and ARGV groups of them, each decided all or nothing, one
 -- after another, on Redis's clock: a group is its number of keys m, then
@@ -8,8 +8,9 @@
 -- nothing is written. Its reply is du, df: the debt du + df/q µs. A state is
 -- "<u>" or "<u>+<f>/<q>"; a fraction in another q is rounded up; every write
 -- sets the TTL to the time until full; a full bucket is deleted. A window
--- quota's arguments are k, its quota, 0 (fixed) or -1 (sliding) and 4 window
--- bounds; its state "<start>:<prev>:<cur>", its reply now, prev, cur, start.
+-- quota's arguments are k, its quota, and 0 (fixed) or -1 (sliding) and 4
+-- window bounds, or -2 (fixed) or -3 (sliding) and the period of windows from
+-- the epoch; its state "<start>:<prev>:<cur>", its reply now, prev, cur, start.
 -- The reply is, per group, 1 if its ks were applied (else 0; -1 if a key
 -- holds another type), then its keys'.
 
@@ -40,11 +41,17 @@ while j <= nargs do
   j = j + 1
   for _ = 1, m do
     local k, cap, q = a[j], a[j + 1], a[j + 2]
-    if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -1 and q <= LIMIT
+    if not (k and cap and q and cap >= 1 and cap <= LIMIT and q >= -3 and q <= LIMIT
         and k >= -cap and k <= cap and k % 1 == 0 and cap % 1 == 0 and q % 1 == 0) then
       return redis.error_reply('ERR tollgate: invalid arguments')
     end
-    if q < 1 then
+    if q < -1 then -- a window of a period from the epoch
+      local p = a[j + 3]
+      if not (p and p >= 1 and p <= LIMIT and p % 1 == 0) then
+        return redis.error_reply('ERR tollgate: invalid window period')
+      end
+      j = j + 1
+    elseif q < 1 then
       local b0, b1, b2, b3 = a[j + 3], a[j + 4], a[j + 5], a[j + 6]
       if not (b0 and b1 and b2 and b3 and b0 % 1 == 0 and b1 % 1 == 0 and b2 % 1 == 0 and b3 % 1 == 0
           and b0 < b1 and b1 < b2 and b2 < b3) then
@@ -118,10 +125,15 @@ while j <= nargs do
         all = false
       end
       reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
-    else -- a window quota: pick the window of now among the bounds
-      local b0, b1, b2, b3 = a[j + 3], a[j + 4], a[j + 5], a[j + 6]
-      local b = {b0, b1, b2, b3}
-      local s, e, mid = b0, b1, false
+    else -- a window quota: pick the window of now among its bounds, given or from the epoch
+      local b, n, sliding = {a[j + 3], a[j + 4], a[j + 5], a[j + 6]}, 7, q == -1 or q == -3
+      if q < -1 then
+        local p = a[j + 3]
+        local s = now - now % p
+        b, n = {s - p, s, s + p, s + 2 * p}, 4
+      end
+      local b0, b3 = b[1], b[4]
+      local s, e, mid = b0, b[2], false
       for w = 2, 3 do
         if now >= b[w] then
           s, e, mid = b[w], b[w + 1], w == 2
@@ -143,7 +155,7 @@ while j <= nargs do
         end
         if x and x >= s then -- a later window's counts as this one's
           prev, cur, start, far = p, c, x, x > s
-        elseif x and q == -1 and x == s - (e - s) then
+        elseif x and sliding and x == s - (e - s) then
           prev = c
         end
       end
@@ -151,18 +163,18 @@ while j <= nargs do
         k = 0
       end
       local count = cur
-      if q == -1 and prev > 0 then
+      if sliding and prev > 0 then
         count = cur + math.floor(prev * (e - tn) / (e - s))
       end
       if k > 0 and (far or count + k > cap) then -- far: a window past the bounds, its expiry unknown
         all = false
       end
-      if q ~= -1 then
+      if not sliding then
         prev = 0
       end
       wins = wins or {}
-      wins[i] = {s, e, k}
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], j, r = tn, prev, cur, start, j + 7, r + 4
+      wins[i] = {s, e, k, n, sliding}
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], j, r = tn, prev, cur, start, j + n, r + 4
     end
   end
   reply[gr] = all and 1 or 0
@@ -185,13 +197,13 @@ while j <= nargs do
         vals[key], ttls[key] = false, false
       elseif c ~= cur then -- written only if changed, its TTL from the clock's reading
         local ttl = w[2] - now
-        if q == -1 then
+        if w[5] then
           ttl = ttl + w[2] - w[1]
         end
         ttl = math.max(ttl, 1)
         vals[key], ttls[key] = format('%d:%d:%d', reply[wr + 4], prev, c), (ttl + 999 - (ttl + 999) % 1000) / 1000
       end
-      reply[wr + 3], wj, wr = c, wj + 7, wr + 4
+      reply[wr + 3], wj, wr = c, wj + w[4], wr + 4
     else
       local du, df = reply[wr + 1], reply[wr + 2]
       if k > 0 then

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,20 +101,56 @@ func TestContentionRedisCluster(t *testing.T) {
 	storetest.Contention(t, func(t *testing.T) store.Store { return store.NewRedis(client) }, 300*time.Millisecond)
 }
 
-// Window bounds computed longer ago than a window (a call queued behind a
-// stalled batch, or an app clock behind Redis's): Redis's now is past them,
-// so the script cannot know its window. Every take is refused and nothing
-// is written, where deciding in the last window of the bounds would count
-// in a window already over and let the current one's quota through again.
-func TestWindowStaleBounds(t *testing.T) {
+// An app clock a minute off Redis's, on a real server. Windows from the
+// epoch are found on Redis's clock: the quota holds exactly, as on a store
+// whose clock agrees. A calendar window's bounds come from the app's clock;
+// once Redis's now is past them (a clock, or a call queued behind a stalled
+// batch, a window late) the script cannot know its window: every take is
+// refused and nothing written, where counting it in the last window of the
+// bounds would let the current window's quota through twice.
+func TestWindowClockSkew(t *testing.T) {
 	t.Parallel()
 	client := redistest.Server(t).Client(t)
-	behind := func() time.Time { return time.Now().Add(-time.Minute) }
-	ctx, s := context.Background(), store.NewRedis(client, store.WithWindowClock(behind))
-	for _, lim := range []store.Limit{store.FixedWindow(5, time.Second), store.SlidingWindow(5, time.Second)} {
+	ctx := context.Background()
+	redisNow := func() time.Time {
+		now, err := client.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	for _, skew := range []time.Duration{-time.Minute, time.Minute} {
+		s := store.NewRedis(client, store.WithWindowClock(func() time.Time { return time.Now().Add(skew) }))
+		for _, lim := range []store.Limit{store.FixedWindow(5, 10*time.Second), store.SlidingWindow(5, 10*time.Second)} {
+			for attempt := 1; ; attempt++ { // again if the takes straddle a window's start
+				key := fmt.Sprintf("skew:%v:%v:%d", skew, lim.Window, attempt)
+				before, allowed := redisNow(), 0
+				for i := range 10 {
+					res, err := s.Take(ctx, key, lim, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if res.Allowed {
+						allowed++
+					} else if i < 5 || res.RetryAfter <= 0 || res.Remaining != 0 {
+						t.Fatalf("%v, app clock %v off, take %d: %+v; want 5 allowed, then refusals with a RetryAfter", lim, skew, i, res)
+					}
+				}
+				if s0, _ := lim.WindowAt(before); !s0.Equal(first(lim.WindowAt(redisNow()))) && attempt < 5 {
+					continue
+				}
+				if allowed != 5 {
+					t.Errorf("%v, app clock %v off: %d of 10 allowed; want 5", lim, skew, allowed)
+				}
+				break
+			}
+		}
+	}
+	behind := store.NewRedis(client, store.WithWindowClock(func() time.Time { return time.Now().Add(-time.Minute) }))
+	for _, lim := range []store.Limit{{Rate: 5, Period: time.Second, Burst: 5, Window: store.Fixed.In(time.UTC)}} {
 		key := "stale:" + lim.Window.String()
 		for i := range 10 {
-			res, err := s.Take(ctx, key, lim, 1)
+			res, err := behind.Take(ctx, key, lim, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,6 +167,8 @@ func TestWindowStaleBounds(t *testing.T) {
 		}
 	}
 }
+
+func first(t, _ time.Time) time.Time { return t }
 
 // The script's protocol (lua package doc), run raw on miniredis and a real
 // server: bad arguments get an "ERR tollgate:" reply and write nothing, even

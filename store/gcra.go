@@ -24,12 +24,14 @@ type params struct {
 	args           [2]any // fit and q
 	k1             any    // t: the k of a cost of 1
 	// A window quota's (window.go): Period in µs, calendar (nil: from the
-	// epoch), the name of its kind, which keys its state, and the window
-	// bounds of one Redis call.
+	// epoch), the name of its kind, which keys its state, the window bounds
+	// of one Redis call (none: from the epoch, found on Redis's clock), and
+	// the script's kind and period for windows from the epoch, boxed once.
 	period int64
 	loc    *time.Location
 	spec   string
 	b      [4]int64
+	epoch  [2]any
 }
 
 func newParams(l Limit) (*params, error) {

@@ -73,8 +73,8 @@ func WithBatching(n int) RedisOption {
 	}
 }
 
-// WithWindowClock sets the clock around which window quotas' windows are
-// computed (default time.Now; nil is ignored), for tests on miniredis.
+// WithWindowClock sets the clock around which calendar windows are computed
+// (default time.Now; nil is ignored), for tests on miniredis.
 func WithWindowClock(now func() time.Time) RedisOption {
 	return func(r *Redis) {
 		if now != nil {
@@ -231,6 +231,15 @@ func (r *Redis) one(ctx context.Context, q Request, sign int64, block bool) (Res
 	return res, nil
 }
 
+// windows returns the bounds of p's script call: those it sent, or those
+// around the instant now of the reply, for windows from the epoch.
+func (p *params) windows(now int64) [4]int64 {
+	if p.b == [4]int64{} {
+		return p.bounds(now)
+	}
+	return p.b
+}
+
 // replies is how many integers the script replies for p: a debt or a window.
 func (p *params) replies() int {
 	if p.spec != "" {
@@ -247,7 +256,7 @@ func (p *params) fillFrom(res *Result, debts []int64, k, undo int64, allowed boo
 		p.fill(res, du, df, k, allowed)
 		return
 	}
-	v := pick(p.b, debts[0])
+	v := pick(p.windows(debts[0]), debts[0])
 	v.prev, v.cur, v.far = debts[1], max(debts[2]-undo, 0), debts[3] > v.s
 	p.fillWindow(res, v, k, allowed)
 }
@@ -336,13 +345,17 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		} else if sign != 1 || reqs[i].Cost != 1 {
 			k = sign * int64(reqs[i].Cost) * ps[i].t
 		}
-		c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
-		if ps[i].spec != "" {
-			if ps[i].b == [4]int64{} { // unless pinned to a take's window (giveBack)
-				ps[i].b = ps[i].bounds(r.clock().UnixMicro())
+		switch b := ps[i].b; {
+		case ps[i].spec == "":
+			c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
+		case b == [4]int64{} && ps[i].loc == nil: // found on Redis's clock
+			c.args = append(c.args, k, ps[i].args[0], ps[i].epoch[0], ps[i].epoch[1])
+		default:
+			if b == [4]int64{} { // unless pinned to a take's window (giveBack)
+				b = ps[i].bounds(r.clock().UnixMicro())
+				ps[i].b = b
 			}
-			b := ps[i].b
-			c.args = append(c.args, b[0], b[1], b[2], b[3])
+			c.args = append(c.args, k, ps[i].args[0], ps[i].args[1], b[0], b[1], b[2], b[3])
 		}
 	}
 	abandoned, err := r.exec(ctx, c)
@@ -369,7 +382,7 @@ func (r *Redis) giveBack(ctx context.Context, reqs []Request, ps []params, debts
 	for _, g := range taken {
 		for _, i := range g {
 			if ps[i].spec != "" { // the take's window, the middle one
-				v := pick(ps[i].b, debts[4*i])
+				v := pick(ps[i].windows(debts[4*i]), debts[4*i])
 				ps[i].b = [4]int64{v.s - 1, v.s, v.e, v.e + 1}
 			}
 		}

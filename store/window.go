@@ -10,11 +10,12 @@ import (
 // Window makes a [Limit] a quota of Rate (= Burst) per window instead of a
 // token bucket: [Fixed], [Sliding] or [Monthly], or one of them In a
 // Location. A count is kept per key and window kind, apart from the key's
-// bucket. Redis decides on its clock among windows computed around the
-// app's, so the two must agree within a window: a call whose windows Redis's
-// clock is past (a clock or a queue a window late) is refused. (A pointer
-// keeps a Limit four words: a fifth cost a fifth of a Memory decision on
-// one hot key.)
+// bucket. Redis decides on its clock: it finds windows from the epoch
+// itself, and picks a calendar window among three computed around the app's
+// clock, so for those the two must agree within a window: a call whose
+// windows Redis's clock is past (a clock or a queue a window late) is
+// refused. (A pointer keeps a Limit four words: a fifth cost a fifth of a
+// Memory decision on one hot key.)
 type Window struct {
 	kind uint8 // fixed, sliding or monthly; 0: not a window (an error)
 	loc  *time.Location
@@ -117,7 +118,9 @@ func windowParams(l Limit) (*params, error) {
 	case monthly:
 		p.loc = cmp.Or(p.loc, time.UTC)
 	}
-	if p.loc != nil { // its name and offsets: "Local" or an unnamed FixedZone is not one zone
+	if p.loc == nil {
+		p.epoch = [2]any{p.args[1].(int64) - 2, us}
+	} else { // its name and offsets: "Local" or an unnamed FixedZone is not one zone
 		p.spec += "@" + strconv.Quote(p.loc.String())
 		for _, mo := range []time.Month{time.January, time.July} {
 			_, off := time.Date(2025, mo, 1, 0, 0, 0, 0, p.loc).Zone()
