@@ -82,6 +82,19 @@ func BenchmarkTollgateMemoryNoHeaders(b *testing.B) {
 	serveBench(b, lim.Handler(noop))
 }
 
+// BenchmarkTollgateRedis is an allowed request on a real redis-server:
+// its allocations per request are the Redis path's, go-redis's included.
+func BenchmarkTollgateRedis(b *testing.B) {
+	srv := redistest.Server(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { client.Close() })
+	lim, err := middleware.New(store.NewRedis(client, store.WithKeyPrefix(b.Name()+":")), store.PerSecond(10_000_000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	serveBench(b, lim.Handler(noop))
+}
+
 func BenchmarkHttprateLocal(b *testing.B) {
 	serveBench(b, httprate.Limit(benchRate, time.Hour, httprate.WithKeyFuncs(httprate.KeyByIP))(noop))
 }
