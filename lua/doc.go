@@ -46,11 +46,11 @@
 //
 // k is the cost (negative: given back, not below 0), 1 <= quota <= 2^50, and
 // kind -2 or 0 for a fixed window, -3 or -1 for a sliding one. With a period
-// (1 <= period_us <= 2^50) the script finds the window of Redis's now, [now -
-// now % period_us, + period_us), and the one before and after it. Else b0 <
-// b1 < b2 < b3 are the µs bounds of three windows around the caller's clock
-// (a calendar's): the script counts in the one holding Redis's now (the
-// first, now moved into it, if now < b0).
+// (1 <= period_us <= 2^50) the script finds the window of Redis's now,
+// [s, s + period_us) with s = now - now % period_us, and the ones before and
+// after it. Else b0 < b1 < b2 < b3 are the µs bounds of three windows around
+// the caller's clock (a calendar's): the script counts in the one holding
+// Redis's now (the first, now moved into it, if now < b0).
 // A fixed window's count is cur; a sliding one's, cur plus
 // floor(prev*(end-now)/(end-start)) of the window before it (exact while
 // quota*(end-start) <= 2^50). A state of a later window than now's (a clock
@@ -60,10 +60,11 @@
 // caller puts there the window of the take it gives back. A state is
 // written only if cur changed.
 // A state of a window past the bounds refuses every take and refund, and so
-// do bounds Redis's now is past (b3 <= now: a caller's clock or queue a window
-// late), replying cur = quota and start = b3. The key's reply is four
-// integers, now (moved into its window), prev, cur and the state's start,
-// after the call; a state counted as nothing is deleted.
+// do bounds Redis's now is past (b3 <= now: a caller's clock or queue a
+// window late; never with a period), replying cur = quota and start = b3.
+// The key's reply is four integers, now (moved into its window), prev, cur
+// and the state's start, after the call; a state counted as nothing is
+// deleted.
 //
 // # State
 //

@@ -79,7 +79,8 @@ local now = t[1] * 1000000 + t[2]
 -- groups before it (one key in two groups is decided twice, in order). A
 -- key that cannot be read (another type) fails its group, -1, unwritten; a
 -- call of one group then replies Redis's error. A key's value is read once
--- and written once per call (vals: its value now, false if none; ttls: the
+-- and written once per call (vals: its value now, false if none, or the
+-- error of another type; ttls: the
 -- expiry in ms to set, false to delete it): a key in every group of a merged
 -- call of 32 (a hot or global bucket) took 40-50 % less time per Take than
 -- with a GET and a SET per group (bench/cmd/luaexp -hot).
@@ -126,11 +127,13 @@ while j <= nargs do
       end
       reply[r + 1], reply[r + 2], j, r = du, df, j + 3, r + 2
     else -- a window quota: pick the window of now among its bounds, given or from the epoch
-      local b, n, sliding = {a[j + 3], a[j + 4], a[j + 5], a[j + 6]}, 7, q == -1 or q == -3
+      local b, n, sliding = nil, 7, q == -1 or q == -3
       if q < -1 then
         local p = a[j + 3]
         local s = now - now % p
         b, n = {s - p, s, s + p, s + 2 * p}, 4
+      else
+        b = {a[j + 3], a[j + 4], a[j + 5], a[j + 6]}
       end
       local b0, b3 = b[1], b[4]
       local s, e, mid = b0, b[2], false
@@ -182,7 +185,7 @@ while j <= nargs do
     reply[gr], all = -1, false
   end
   i = gi + m
-  -- All fit: write, with every k read again from ARGV (a window's from wins).
+  -- All fit: write, with every k read again from a (a window's from wins).
   local wj, wr = gj, gr
   for wi = gi, i - 1 do
     if not all then

@@ -207,6 +207,11 @@ func TestScriptProtocol(t *testing.T) {
 				{"a valid group, then a bad one", []string{"p:a", "p:b"}, []any{1, tok, 2 * tok, 1, 1, tok, "nan", 1}},
 				{"window bounds out of order", []string{"p:w"}, []any{1, 1, 5, 0, 4, 3, 2, 1}},
 				{"window bounds not numbers", []string{"p:w"}, []any{1, 1, 5, 0, 1, 2, "three", 4}},
+				{"a window period of 0", []string{"p:w"}, []any{1, 1, 5, -2, 0}},
+				{"a window period above 2^50", []string{"p:w"}, []any{1, 1, 5, -3, int64(1)<<50 + 1}},
+				{"a window period a fraction", []string{"p:w"}, []any{1, 1, 5, -2, 1.5}},
+				{"a window period missing", []string{"p:w"}, []any{1, 1, 5, -2}},
+				{"an unknown kind", []string{"p:w"}, []any{1, 1, 5, -4, 1000}},
 			}
 			for _, b := range bad {
 				if _, err := run(b.keys, b.args...); err == nil || !strings.Contains(err.Error(), "ERR tollgate:") {
@@ -235,6 +240,27 @@ func TestScriptProtocol(t *testing.T) {
 			}
 			if n, _ := c.Exists(ctx, "p:other").Result(); n != 0 {
 				t.Errorf("the denied group's other key was written; want nothing of a denied group")
+			}
+			// A fixed window of an hour from the epoch in three groups: 2 + 2 of a
+			// quota of 5, then 2 more refused; its state is written once.
+			hour := time.Hour.Microseconds()
+			reply, err = run([]string{"p:win", "p:win", "p:win"}, 1, 2, 5, -2, hour, 1, 2, 5, -2, hour, 1, 2, 5, -2, hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Per group: allowed, then now, prev, cur, start.
+			if got := []any{reply[0], reply[5], reply[10], reply[3], reply[8], reply[13]}; !slices.Equal(got, []any{int64(1), int64(1), int64(0), int64(2), int64(4), int64(4)}) {
+				t.Errorf("allowed and cur per group %v; want 1, 1, 0 and 2, 4, 4 (reply %v)", got, reply)
+			}
+			now, start := reply[1].(int64), reply[4].(int64)
+			if start != now-now%hour {
+				t.Errorf("window start %d for Redis's now %d; want the hour from the epoch, %d", start, now, now-now%hour)
+			}
+			if v, err := c.Get(ctx, "p:win").Result(); err != nil || v != fmt.Sprintf("%d:0:4", start) {
+				t.Errorf("state %q (%v); want %q", v, err, fmt.Sprintf("%d:0:4", start))
+			}
+			if ttl, _ := c.PTTL(ctx, "p:win").Result(); ttl <= 0 || ttl > time.Hour {
+				t.Errorf("PTTL of the window %v; want until the hour ends", ttl)
 			}
 		})
 	}

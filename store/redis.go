@@ -74,7 +74,8 @@ func WithBatching(n int) RedisOption {
 }
 
 // WithWindowClock sets the clock around which calendar windows are computed
-// (default time.Now; nil is ignored), for tests on miniredis.
+// (default time.Now; nil is ignored), for tests on miniredis; windows from
+// the epoch follow Redis's TIME (miniredis's SetTime).
 func WithWindowClock(now func() time.Time) RedisOption {
 	return func(r *Redis) {
 		if now != nil {
@@ -492,7 +493,7 @@ type call struct {
 	ctx      context.Context
 	key      string  // the caller's first key, for errors
 	tag      [8]byte // on a Cluster or Ring: a batch merges a tag's calls
-	args     []any   // evalsha, sha, n, n keys, n, 3 (or 7) arguments per key
+	args     []any   // evalsha, sha, n, n keys, n, 3 (a window's 4 or 7) arguments per key
 	allowed  bool
 	debts    []int64 // the reply: du, df per key (a window's: 4)
 	err      error

@@ -28,9 +28,9 @@ const (
 )
 
 var (
-	// Fixed counts Rate per window of Period from the Unix epoch; In a
-	// Location, with a Period that divides a day, from each local midnight
-	// (a day's last window ends at the next one, across DST).
+	// Fixed counts Rate per window of Period (at most 2^50 µs) from the
+	// Unix epoch; In a Location, with a Period that divides a day, from each
+	// local midnight (a day's last window ends at the next one, across DST).
 	Fixed = &Window{kind: fixed}
 	// Sliding counts the current window of Period plus the previous one's
 	// count weighted by its share still within a Period of now, rounded
@@ -98,8 +98,8 @@ func windowParams(l Limit) (*params, error) {
 		return nil, l.invalid("a window's Burst must equal its Rate, got %d", l.Burst)
 	case w.kind == monthly && l.Period != 0:
 		return nil, l.invalid("a monthly window's Period must be 0 (the calendar sets it), got %s", l.Period)
-	case w.kind != monthly && (l.Period < time.Microsecond || l.Period%time.Microsecond != 0):
-		return nil, l.invalid("Period must be a positive whole number of microseconds, got %s", l.Period)
+	case w.kind != monthly && (l.Period < time.Microsecond || l.Period%time.Microsecond != 0 || us > maxProduct):
+		return nil, l.invalid("Period must be a positive whole number of microseconds, at most 2^50, got %s", l.Period)
 	case w.kind == sliding && w.loc != nil:
 		return nil, l.invalid("a sliding window has no Location")
 	case w.kind == fixed && w.loc != nil && (24*time.Hour)%l.Period != 0:

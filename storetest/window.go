@@ -419,6 +419,7 @@ func windowInvalid(t *testing.T, h Harness) {
 		{Rate: 5, Period: 7 * time.Hour, Burst: 5, Window: store.Fixed.In(berlin)},
 		{Rate: 5, Period: time.Hour, Burst: 5, Window: &store.Window{}},
 		store.SlidingWindow(1<<40, 24*time.Hour),
+		store.FixedWindow(5, (1<<50+1)*time.Microsecond), // 35.7 years: a period the script cannot hold
 	} {
 		if _, err := st.Take(ctx, key, lim, 1); !errors.Is(err, store.ErrInvalidLimit) {
 			t.Errorf("Take under %+v = %v; want ErrInvalidLimit", lim, err)

@@ -219,7 +219,7 @@ func (r *report) httpMarkdown(b *bytes.Buffer) {
 		"`used_cpu_sys_main_thread` of `INFO cpu`, network included), which is what bounds the decisions per "+
 		"second of a Redis core; and the commands Redis ran, from the `calls` of `INFO commandstats` before and "+
 		"after the measured run — which include the commands a Lua script runs (tollgate's EVALSHA runs TIME, "+
-		"GET and, when it takes tokens, SET, once per decision; on one node, concurrent decisions share one EVALSHA and its TIME). "+
+		"GET and, when it takes tokens, SET, once per key of a call; on one node, concurrent decisions share one EVALSHA and its TIME). "+
 		"\"bare handler\" is the handler with no middleware; tollgate-noheaders is tollgate with `WithHeaders(0)`; "+
 		"\"bare handler + 5 fields\" is the handler behind no limiter after five constant fields of the shape of "+
 		"tollgate's default headers are set (a map entry each, of a slice made once): what net/http itself spends "+
