@@ -131,6 +131,8 @@ func (b *batcher) send(batch []*call) {
 		return
 	}
 	ctx, cancel := batchContext(batch[n:])
+	ctx, cancelBound := b.r.bound(ctx)
+	defer cancelBound()
 	defer cancel()
 	// One script call per hash tag (one in all on a single node): Redis spends
 	// half the CPU per decision at 64 goroutines (make bench-peers, capacity).

@@ -24,6 +24,9 @@ const DefaultKeyPrefix = "tollgate:"
 // ones; a restart without persistence refills every bucket. It takes a
 // go-redis Client (single node or Sentinel), ClusterClient or Ring with
 // ContextTimeoutEnabled, and is safe for concurrent use. Call [NewRedis].
+// If the client retries (MaxRetries), a call ends once its reply is later
+// than the client's ReadTimeout or WriteTimeout: a copy sent then would be
+// taken too.
 type Redis struct {
 	client    redis.UniversalClient
 	cluster   *redis.ClusterClient // client, if a Cluster client
@@ -35,6 +38,7 @@ type Redis struct {
 	single    *batcher // not a Cluster's
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
 	clock     func() time.Time
+	late      time.Duration // > 0: go-redis would send a call again once its reply is this late
 }
 
 // DefaultBatchPipelines is [WithBatching]'s default: pipelines in flight per node.
@@ -102,7 +106,45 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 		}
 	}
 	r.single = &batcher{r: r, client: r.client}
+	r.late = lateAfter(r.client)
 	return r
+}
+
+// lateAfter returns how late a reply may be before c's retries (MaxRetries, a
+// Cluster's MaxRedirects) would send the call again, or 0 if they never
+// would. Redis runs every copy it receives, so a Take whose reply was late
+// would be taken twice or more (4 times in TestRedisLateReplyTakenOnce); the
+// store ends such a call then instead, and the failure policy decides.
+func lateAfter(c redis.UniversalClient) time.Duration {
+	var retries int
+	var read, write time.Duration
+	switch c := c.(type) {
+	case *redis.Client:
+		o := c.Options()
+		retries, read, write = o.MaxRetries, o.ReadTimeout, o.WriteTimeout
+	case *redis.ClusterClient:
+		o := c.Options()
+		retries, read, write = max(o.MaxRetries, o.MaxRedirects), o.ReadTimeout, o.WriteTimeout
+	case *redis.Ring:
+		o := c.Options()
+		retries, read, write = o.MaxRetries, o.ReadTimeout, o.WriteTimeout
+	}
+	if retries <= 0 || read <= 0 && write <= 0 {
+		return 0
+	}
+	if read <= 0 || write > 0 && write < read {
+		return write
+	}
+	return read
+}
+
+// bound returns ctx, ending within r.late if the client would otherwise
+// send a late call again.
+func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); r.late == 0 || ok && time.Until(d) <= r.late {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, r.late)
 }
 
 // Validate returns an error for a nil client, an unusable option (ignored),
@@ -434,6 +476,8 @@ func (r *Redis) run(ctx context.Context, c *call) (err error) {
 			err = fmt.Errorf("store: take %q: panic: %v", c.key, v)
 		}
 	}()
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	return r.read(ctx, c, r.do(ctx, c.args))
 }
 

@@ -507,3 +507,58 @@ func TestRedisCheckACL(t *testing.T) {
 		t.Logf("Check as %s: %v", user, err)
 	}
 }
+
+// A reply later than the client's ReadTimeout, with go-redis's retries on
+// (MaxRetries left at its default): go-redis would send the call again, and
+// Redis, busy meanwhile with a slow command, would run every copy, taking a
+// Take's tokens more than once. The store ends a call at the ReadTimeout,
+// alone or in a pipeline, so that no copy is sent: one token per Take.
+func TestRedisLateReplyTakenOnce(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Server(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	busy := srv.Client(t)
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	lim, ctx := store.PerHour(10), context.Background()
+	if _, err := s.Take(ctx, "warm", lim, 1); err != nil { // the script loaded
+		t.Fatal(err)
+	}
+	var warm sync.WaitGroup // connections in use before, as in a busy app: a copy goes out at once
+	for range 16 {
+		warm.Add(1)
+		go func() { defer warm.Done(); client.Ping(ctx) }()
+	}
+	warm.Wait()
+	// Redis runs a script for 300 ms, a slow command as SCAN or KEYS can be.
+	slow := make(chan error, 1)
+	go func() {
+		slow <- busy.Eval(ctx, `local t = redis.call('TIME') local s = t[1] * 1e6 + t[2]
+			repeat local u = redis.call('TIME') until u[1] * 1e6 + u[2] - s > 300000 return 1`, nil).Err()
+	}()
+	time.Sleep(50 * time.Millisecond) // the slow script is running
+	var wg sync.WaitGroup
+	for i := range 8 { // one alone, the others queued into a pipeline
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			s.Take(tctx, fmt.Sprint("k", i), lim, 1) // an error: the reply is late
+		}()
+	}
+	wg.Wait()
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // Redis done with what it received
+	for i := range 8 {
+		res, err := store.Inspect(ctx, s, fmt.Sprint("k", i), lim, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if taken := lim.Burst - res.Remaining; taken > 1 {
+			t.Errorf("k%d: %d tokens taken by one Take whose reply was late; want at most 1", i, taken)
+		}
+	}
+}
