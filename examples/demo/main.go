@@ -86,12 +86,12 @@ func run(ctx context.Context, out io.Writer, args []string) error {
 		}
 	}
 
-	st, closeStore, err := openStore(out, os.Getenv("REDIS_ADDR"))
+	st, budget, closeStore, err := openStore(out, os.Getenv("REDIS_ADDR"))
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-	lim, err := middleware.New(st, limit, middleware.WithName("demo"))
+	lim, err := middleware.New(st, limit, middleware.WithName("demo"), middleware.WithTimeout(budget))
 	if err != nil {
 		return err
 	}
@@ -206,30 +206,36 @@ func (p *printer) print(out io.Writer, i int, resp *http.Response) {
 }
 
 // openStore returns a Redis store on the server at addr or, when addr is
-// empty, on an embedded miniredis, and a function that closes what it
-// opened.
-func openStore(out io.Writer, addr string) (store.Store, func(), error) {
+// empty, on an embedded miniredis, the budget of one decision on it, and a
+// function that closes what it opened. The embedded miniredis runs in this
+// process, on its CPU: on a loaded machine a decision can take longer than
+// a Redis server's budget, so it gets a second.
+func openStore(out io.Writer, addr string) (store.Store, time.Duration, func(), error) {
 	var mr *miniredis.Miniredis
 	if addr == "" {
 		var err error
 		if mr, err = miniredis.Run(); err != nil {
-			return nil, nil, err
+			return nil, 0, nil, err
 		}
 		addr = mr.Addr()
 		fmt.Fprintln(out, "store: an embedded miniredis (set REDIS_ADDR=host:port to use a Redis server)")
 	} else {
 		fmt.Fprintf(out, "store: Redis at %s\n", addr)
 	}
-	// Timeouts fit for a rate limiter: see examples/chi.
+	// Timeouts fit for a rate limiter (see examples/chi), or for the embedded one.
+	rw, budget := 50*time.Millisecond, middleware.DefaultTimeout
+	if mr != nil {
+		rw, budget = time.Second, time.Second
+	}
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  addr,
 		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           50 * time.Millisecond,
-		WriteTimeout:          50 * time.Millisecond,
+		ReadTimeout:           rw,
+		WriteTimeout:          rw,
 		PoolTimeout:           100 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 	})
-	return store.NewRedis(rdb), func() {
+	return store.NewRedis(rdb), budget, func() {
 		rdb.Close()
 		if mr != nil {
 			mr.Close()
