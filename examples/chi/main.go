@@ -193,13 +193,15 @@ func openStore(addr string) (store.Store, error) {
 // go-redis also retries a failed command (MaxRetries, 3 by default, with
 // backoff): while Redis refuses connections that spends most of the budget
 // on every request. MaxRetries: -1 turns retries off, at the price of
-// failing a decision on a single network blip.
+// failing a decision on a single network blip. With retries on, the store
+// ends a call whose reply is later than ReadTimeout or WriteTimeout (a copy
+// sent then would be taken too), so they are the budget here: 100ms each.
 func newRedisClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                  addr,
 		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           50 * time.Millisecond,
-		WriteTimeout:          50 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
 		PoolTimeout:           100 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 	})

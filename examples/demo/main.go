@@ -223,7 +223,7 @@ func openStore(out io.Writer, addr string) (store.Store, time.Duration, func(), 
 		fmt.Fprintf(out, "store: Redis at %s\n", addr)
 	}
 	// Timeouts fit for a rate limiter (see examples/chi), or for the embedded one.
-	rw, budget := 50*time.Millisecond, middleware.DefaultTimeout
+	rw, budget := 100*time.Millisecond, middleware.DefaultTimeout
 	if mr != nil {
 		rw, budget = time.Second, time.Second
 	}

@@ -132,8 +132,8 @@ func newRedisClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                  addr,
 		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           50 * time.Millisecond,
-		WriteTimeout:          50 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
 		PoolTimeout:           100 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 	})
