@@ -509,34 +509,63 @@ func TestRedisCheckACL(t *testing.T) {
 }
 
 // A reply later than the client's ReadTimeout, with go-redis's retries on
-// (MaxRetries left at its default): go-redis would send the call again, and
-// Redis, busy meanwhile with a slow command, would run every copy, taking a
-// Take's tokens more than once. The store ends a call at the ReadTimeout,
-// alone or in a pipeline, so that no copy is sent: one token per Take.
+// (MaxRetries, or a Cluster's MaxRedirects, left at their defaults): go-redis
+// would send the call again, and Redis, busy meanwhile with a slow command,
+// would run every copy, taking a Take's tokens more than once. The store ends
+// a call at the ReadTimeout, alone or in a pipeline, so that no copy is sent:
+// one token per Take. Real servers, a node and a Cluster.
 func TestRedisLateReplyTakenOnce(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Server(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { client.Close() })
-	busy := srv.Client(t)
+	t.Run("node", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Server(t)
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { client.Close() })
+		lateTakenOnce(t, client, []string{srv.Addr})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.Cluster(t)
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, ReadTimeout: 20 * time.Millisecond, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { client.Close() })
+		lateTakenOnce(t, client, cl.Addrs)
+	})
+}
+
+// lateTakenOnce makes every server at addrs run a script for 300 ms while
+// 8 Takes go through client, then checks what each took.
+func lateTakenOnce(t *testing.T, client redis.UniversalClient, addrs []string) {
 	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
 	lim, ctx := store.PerHour(10), context.Background()
-	if _, err := s.Take(ctx, "warm", lim, 1); err != nil { // the script loaded
-		t.Fatal(err)
+	for i := range 8 { // the script loaded on every server
+		if _, err := s.Take(ctx, fmt.Sprint("warm", i), lim, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
-	var warm sync.WaitGroup // connections in use before, as in a busy app: a copy goes out at once
-	for range 16 {
-		warm.Add(1)
-		go func() { defer warm.Done(); client.Ping(ctx) }()
+	// Connections in use before, as in a busy app: a copy goes out at once.
+	pings := func(ctx context.Context, c redis.Cmdable) {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() { defer wg.Done(); c.Ping(ctx) }()
+		}
+		wg.Wait()
 	}
-	warm.Wait()
-	// Redis runs a script for 300 ms, a slow command as SCAN or KEYS can be.
-	slow := make(chan error, 1)
-	go func() {
-		slow <- busy.Eval(ctx, `local t = redis.call('TIME') local s = t[1] * 1e6 + t[2]
-			repeat local u = redis.call('TIME') until u[1] * 1e6 + u[2] - s > 300000 return 1`, nil).Err()
-	}()
-	time.Sleep(50 * time.Millisecond) // the slow script is running
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { pings(ctx, c); return nil })
+	} else {
+		pings(ctx, client)
+	}
+	slow := make(chan error, len(addrs))
+	for _, addr := range addrs { // a slow command, as SCAN or KEYS can be, on every server
+		busy := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 5 * time.Second})
+		t.Cleanup(func() { busy.Close() })
+		go func() {
+			slow <- busy.Eval(ctx, `local t = redis.call('TIME') local s = t[1] * 1e6 + t[2]
+				repeat local u = redis.call('TIME') until u[1] * 1e6 + u[2] - s > 300000 return 1`, nil).Err()
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // the slow scripts are running
 	var wg sync.WaitGroup
 	for i := range 8 { // one alone, the others queued into a pipeline
 		wg.Add(1)
@@ -548,8 +577,10 @@ func TestRedisLateReplyTakenOnce(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if err := <-slow; err != nil {
-		t.Fatal(err)
+	for range addrs {
+		if err := <-slow; err != nil {
+			t.Fatal(err)
+		}
 	}
 	time.Sleep(100 * time.Millisecond) // Redis done with what it received
 	for i := range 8 {
