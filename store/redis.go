@@ -141,7 +141,10 @@ func lateAfter(c redis.UniversalClient) time.Duration {
 // bound returns ctx, ending within r.late if the client would otherwise
 // send a late call again.
 func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); r.late == 0 || ok && time.Until(d) <= r.late {
+	if r.late == 0 {
+		return ctx, func() {}
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= r.late {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, r.late)

@@ -195,7 +195,9 @@ func openStore(addr string) (store.Store, error) {
 // on every request. MaxRetries: -1 turns retries off, at the price of
 // failing a decision on a single network blip. With retries on, the store
 // ends a call whose reply is later than ReadTimeout or WriteTimeout (a copy
-// sent then would be taken too), so they are the budget here: 100ms each.
+// sent then would be taken too), so they are the budget here: 100ms each. A
+// copy sent after a connection dropped mid-call can still be taken twice;
+// MaxRetries: -1 rules that out too.
 func newRedisClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                  addr,
