@@ -530,6 +530,14 @@ func TestRedisLateReplyTakenOnce(t *testing.T) {
 		t.Cleanup(func() { client.Close() })
 		lateTakenOnce(t, client, cl.Addrs)
 	})
+	t.Run("ring", func(t *testing.T) {
+		t.Parallel()
+		a, b := redistest.Server(t), redistest.Server(t)
+		client := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr},
+			ReadTimeout: 20 * time.Millisecond, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { client.Close() })
+		lateTakenOnce(t, client, []string{a.Addr, b.Addr})
+	})
 }
 
 // lateTakenOnce makes every server at addrs run a script for 300 ms while
@@ -551,9 +559,12 @@ func lateTakenOnce(t *testing.T, client redis.UniversalClient, addrs []string) {
 		}
 		wg.Wait()
 	}
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { pings(ctx, c); return nil })
-	} else {
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { pings(ctx, c); return nil })
+	case *redis.Ring:
+		c.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { pings(ctx, c); return nil })
+	default:
 		pings(ctx, client)
 	}
 	slow := make(chan error, len(addrs))
