@@ -720,6 +720,77 @@ func TestBatchingMergedCallWithForeignKey(t *testing.T) {
 	}
 }
 
+// A merged call the script refuses because of one Take's arguments (which
+// Go's validation would have caught: here a client hook spoils them) fails
+// that Take alone: the others are sent again, each on its own.
+func TestBatchingMergedCallRefusedForOne(t *testing.T) {
+	leaktest.Check(t)
+	client := redistest.Server(t).Client(t)
+	ctx := context.Background()
+	release := holdBatches(t, client)
+	client.AddHook(spoilHook{":bad"})
+	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	limit := store.PerMinute(10)
+	held := make(chan error, 1)
+	go func() { _, err := s.Take(ctx, "hold", limit, 1); held <- err }()
+	time.Sleep(50 * time.Millisecond) // the hold in flight: the rest queue behind it
+	keys := []string{"a0", "a1", "bad", "b0", "b1"}
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errs[i] = s.Take(ctx, k, limit, 1) }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	release()
+	wg.Wait()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if k == "bad" {
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), "ERR tollgate:") {
+				t.Errorf("Take with spoilt arguments = %v; want the script's refusal", errs[i])
+			}
+			continue
+		}
+		res, err := s.Take(ctx, k, limit, 0)
+		if errs[i] != nil || err != nil || res.Remaining != limit.Burst-1 {
+			t.Errorf("Take %q = %v, read back %+v, %v; want allowed, 1 token spent", k, errs[i], res, err)
+		}
+	}
+}
+
+// spoilHook replaces, in every script call, the cost of each key whose name
+// ends with suffix by "x", which the script refuses.
+type spoilHook struct{ suffix string }
+
+func (h spoilHook) spoil(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 3 || (args[0] != "evalsha" && args[0] != "eval") {
+		return
+	}
+	n, _ := args[2].(int)
+	for i := 0; i < n; i++ { // every group here is one bucket: m, k, cap, q
+		if k, _ := args[3+i].(string); strings.HasSuffix(k, h.suffix) {
+			args[3+n+4*i+1] = "x"
+		}
+	}
+}
+
+func (h spoilHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h spoilHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.spoil(cmd); return next(ctx, cmd) }
+}
+func (h spoilHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.spoil(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // An invalid group, or a key no group uses, is refused before anything is
 // written, whatever groups come before it.
 func TestScriptRefusesBeforeWriting(t *testing.T) {
