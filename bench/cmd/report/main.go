@@ -46,6 +46,7 @@ type config struct {
 	conns      int
 	httpDur    time.Duration
 	httpRounds int
+	capRounds  int
 	warmup     time.Duration
 	httpKeys   int
 	denyCache  int
@@ -75,6 +76,7 @@ func run() error {
 	flag.IntVar(&c.conns, "conns", 64, "http: connections of the load generator")
 	flag.DurationVar(&c.httpDur, "http-duration", 2*time.Second, "http: measured duration of each run")
 	flag.IntVar(&c.httpRounds, "http-rounds", 2, "http: runs per library, in rounds over all of them")
+	flag.IntVar(&c.capRounds, "capacity-rounds", 3, "capacity: runs per row, in rounds over all of them (the median's is reported)")
 	flag.DurationVar(&c.warmup, "warmup", 300*time.Millisecond, "http: unmeasured load before each run")
 	flag.IntVar(&c.httpKeys, "http-keys", 10_000, "http: client keys of the many-clients workload")
 	flag.IntVar(&c.denyCache, "deny-cache", 10_000, "http: maxKeys of the tollgate-denycache variant, when built")
@@ -96,8 +98,8 @@ func run() error {
 	switch {
 	case c.count < 1:
 		return fmt.Errorf("-count %d: want at least 1", c.count)
-	case c.conns < 1, c.httpKeys < 1, c.ceilN < 1, c.httpRounds < 1:
-		return errors.New("-conns, -http-keys, -http-rounds and -ceiling-n must be at least 1")
+	case c.conns < 1, c.httpKeys < 1, c.ceilN < 1, c.httpRounds < 1, c.capRounds < 1:
+		return errors.New("-conns, -http-keys, -http-rounds, -capacity-rounds and -ceiling-n must be at least 1")
 	case c.httpDur <= 0, c.accDur <= 0, c.timeout <= 0, c.warmup < 0:
 		return errors.New("-http-duration, -accuracy-duration and -timeout must be positive")
 	}

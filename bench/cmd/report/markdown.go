@@ -480,16 +480,16 @@ func goroutinesText(g int) string {
 func (r *report) capacityMarkdown(b *bytes.Buffer) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("## 5. Capacity: what a decision costs Redis\n\n")
-	p("What decides how many Redis cores (Cluster masters) a limit needs is Redis's CPU per decision, which " +
-		"every app server shares. Each row is 30,000 decisions from 64 goroutines on one client (`PoolSize: 64`) " +
-		"against the report's redis-server, emptied before each: \"Redis CPU\" is the main thread's CPU time " +
-		"(`used_cpu_user_main_thread` + `used_cpu_sys_main_thread` of `INFO cpu`, network included) over the " +
-		"decisions; \"in commands\" the time Redis counted inside them (`usec` of `INFO commandstats`); " +
-		"\"commands\" what it ran per decision, a script's own included. Decisions per core are 10⁶ over the " +
-		"CPU; masters for 10⁶ decisions/s assume Cluster spreads the keys evenly and each master gives 80 %% of " +
-		"its core to them. tollgate batches by default (on one node, concurrent Takes share one script call: one " +
-		"EVALSHA, one TIME, fewer reads and writes of the socket per decision); `tollgate-batch0` is the same store without. \"2 policies\" is " +
-		"one `TakeAll` of two buckets of one subject: one script call.\n\n")
+	p("What decides how many Redis cores (Cluster masters) a limit needs is Redis's CPU per decision, which "+
+		"every app server shares. Each row is 30,000 decisions from 64 goroutines on one client (`PoolSize: 64`) "+
+		"against the report's redis-server, emptied before each, run %d times in rounds over every row; the run of median CPU is shown: \"Redis CPU\" is the main thread's CPU time "+
+		"(`used_cpu_user_main_thread` + `used_cpu_sys_main_thread` of `INFO cpu`, network included) over the "+
+		"decisions; \"in commands\" the time Redis counted inside them (`usec` of `INFO commandstats`); "+
+		"\"commands\" what it ran per decision, a script's own included. Decisions per core are 10⁶ over the "+
+		"CPU; masters for 10⁶ decisions/s assume Cluster spreads the keys evenly and each master gives 80 %% of "+
+		"its core to them. tollgate batches by default (on one node, concurrent Takes share one script call: one "+
+		"EVALSHA, one TIME, fewer reads and writes of the socket per decision); `tollgate-batch0` is the same store without. \"2 policies\" is "+
+		"one `TakeAll` of two buckets of one subject: one script call.\n\n", r.cfg.capRounds)
 	p("| library | workload | Redis CPU / decision | in commands | commands | decisions/s per Redis core | masters for 10⁶/s | failed |\n")
 	p("|---|---|--:|--:|--:|--:|--:|--:|\n")
 	for _, row := range r.capRows {
