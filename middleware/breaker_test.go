@@ -39,6 +39,52 @@ func (f *flakyStore) Take(ctx context.Context, key string, lim store.Limit, cost
 	return f.Store.Take(ctx, key, lim, cost)
 }
 
+// timedStore is a store that is down and records when it was called.
+type timedStore struct {
+	mu    sync.Mutex
+	calls []time.Time
+}
+
+func (s *timedStore) Take(context.Context, string, store.Limit, int) (store.Result, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, time.Now())
+	return store.Result{}, errors.New("store down")
+}
+
+// An open breaker probes 10 ms after it opened, then after twice the last
+// wait each time, up to its cooldown: never sooner (what the test asserts
+// exactly), and the first probe long before a cooldown, so that a short
+// stall of Redis ends local decisions about when it ends.
+func TestBreakerBacksOff(t *testing.T) {
+	const cooldown = time.Second
+	ts := &timedStore{}
+	l := mustNew(t, ts, store.PerSecond(1000), middleware.WithBreaker(1, cooldown), quiet,
+		middleware.WithFailurePolicy(middleware.FailOpen))
+	h := l.Handler(okHandler)
+	for start := time.Now(); time.Since(start) < 800*time.Millisecond; time.Sleep(time.Millisecond) {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	ts.mu.Lock()
+	calls := ts.calls
+	ts.mu.Unlock()
+	want := []time.Duration{10, 20, 40, 80, 160} // ms, after the call that opened it
+	if len(calls) < len(want)+1 {
+		t.Fatalf("%d store calls in 800 ms; want at least %d: the opening failure and probes at 10, 30, 70, 150, 310 ms", len(calls), len(want)+1)
+	}
+	for i, w := range want {
+		if gap := calls[i+1].Sub(calls[i]); gap < w*time.Millisecond {
+			t.Errorf("probe %d came %v after the last call; want %v or more", i+1, gap, w*time.Millisecond)
+		}
+	}
+	if first := calls[1].Sub(calls[0]); first > 500*time.Millisecond {
+		t.Errorf("first probe %v after the breaker opened; want it within a few waits of 10 ms", first)
+	}
+	if n := len(calls); n > 8 {
+		t.Errorf("%d store calls in 800 ms; want at most 8: the waits double", n)
+	}
+}
+
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()

@@ -150,8 +150,9 @@ func WithFailurePolicy(p FailurePolicy) Option {
 
 // WithBreaker sets the circuit breaker in front of the store (default [DefaultBreakerFailures],
 // [DefaultBreakerCooldown]; failures 0: none): failures consecutive errors or timeouts open it
-// ([BreakerState]) until a probe after cooldown succeeds; a probe that fails, panics, is abandoned
-// or outlasts a cooldown fails. Transitions go to the [Observer], or [slog.Default].
+// ([BreakerState]) until a probe succeeds, the first 10 ms after it opened, each next one after
+// twice the last wait, up to cooldown; a probe that fails, panics, is abandoned or outlasts a
+// cooldown fails. Transitions go to the [Observer], or [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
