@@ -179,11 +179,13 @@ func DefaultName(limit store.Limit) string {
 	return name
 }
 
-// sites counts the limiters made at each place (*atomic.Int64 by place).
-var sites sync.Map
+// sites counts the limiters made at each place (*atomic.Int64 by place); issued holds the names
+// site gave, so that none is given twice.
+var sites, issued sync.Map
 
 // site hashes (FNV-1a, 8 hex digits) New's caller outside this package and how many limiters it
-// made before: the same in replicas making limiters in one order, unique but by a 2^-32 chance.
+// made before: the same in replicas making limiters in one order. A hash given before (a 2^-32
+// chance per pair) gets ".1", ".2"... until it is new, as it does in each replica.
 func site() string {
 	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
@@ -200,7 +202,17 @@ func site() string {
 	made, _ := sites.LoadOrStore(at, new(atomic.Int64))
 	h := fnv.New32a()
 	h.Write([]byte(at + "#" + strconv.FormatInt(made.(*atomic.Int64).Add(1)-1, 10)))
-	return fmt.Sprintf("%08x", h.Sum32())
+	return unique(fmt.Sprintf("%08x", h.Sum32()))
+}
+
+// unique returns name, or if it was given before name.1, name.2... whichever is new.
+func unique(name string) string {
+	for i, try := 1, name; ; i++ {
+		if _, dup := issued.LoadOrStore(try, true); !dup {
+			return try
+		}
+		try = name + "." + strconv.Itoa(i)
+	}
 }
 
 // shortDuration formats d in its largest whole unit: 1m rather than 1m0s.

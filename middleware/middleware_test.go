@@ -472,6 +472,7 @@ func TestNewValidates(t *testing.T) {
 		"colon in name":   {m, store.PerSecond(1), []middleware.Option{middleware.WithName("x:ip")}},
 		"nil key func":    {m, store.PerSecond(1), []middleware.Option{middleware.WithKeyFunc(nil)}},
 		"bad status":      {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosedWith(200, time.Second))}},
+		"429, no retry":   {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosedWith(429, 0))}},
 		"no replicas":     {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailLocalShare(0))}},
 		"two X modes":     {m, store.PerSecond(1), []middleware.Option{middleware.WithHeaders(headers.XRateLimitEpoch | headers.XRateLimitDelta)}},
 	} {

@@ -27,7 +27,7 @@ type Tiers struct {
 // request refused by one policy consumes from none ([store.MultiStore]). It is safe for concurrent
 // use; build it with [NewMulti] or [NewTiered].
 //
-// Each policy has an item in the RateLimit fields; the single-value fields report the first, and a
+// Each policy has an item in the RateLimit fields; the single-value fields report the tightest, and a
 // 429's Retry-After, problem document and denied handler are those of the violated policy that
 // frees last. A bucket is "[<tier>/]<name>:{<subject>}": one Redis Cluster slot and one script call
 // ([store.Redis.TakeAll]) for a subject's policies. Options apply to every policy; [WithName] names

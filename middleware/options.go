@@ -46,11 +46,13 @@ var (
 )
 
 // FailClosedWith is [FailClosed] refusing with status (400 to 599) and Retry-After retryAfter (rounded
-// up to whole seconds; 0 omits the header). Other values are an error of [WithFailurePolicy].
+// up to whole seconds; 0 omits the header, but a 429 always has one). Other values are an error of
+// [WithFailurePolicy].
 func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
 	return FailurePolicy{kind: failClosed, status: status, retryAfter: retryAfter, err: cmp.Or(
 		failIf(status < 400 || status > 599, "FailClosedWith: status %d is not an error status", status),
-		failIf(retryAfter < 0, "FailClosedWith: negative Retry-After %v", retryAfter))}
+		failIf(retryAfter < 0, "FailClosedWith: negative Retry-After %v", retryAfter),
+		failIf(status == http.StatusTooManyRequests && retryAfter == 0, "FailClosedWith: a 429 needs a Retry-After of at least 1s"))}
 }
 
 // FailLocalShare is [FailLocal] for a limit shared by replicas servers: each allows 1/replicas of the
