@@ -69,8 +69,10 @@ type Admin interface {
 }
 
 // Inspect reads key's bucket under limit without taking from it and says
-// what a Take of cost would answer now, RetryAfter rounded up to the µs (a
-// denied window quota's is its ResetAfter: at most that for a sliding one).
+// what a Take of cost would answer now, RetryAfter rounded up to the µs: from
+// the Result of a read, whose ResetAfter is rounded up already, it may be 1 µs
+// later than the Take's (a denied window quota's is its ResetAfter: at most
+// that for a sliding one).
 func Inspect(ctx context.Context, s Store, key string, limit Limit, cost int) (Result, error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, err

@@ -95,7 +95,8 @@ func WithMaxKeys(n int) MemoryOption {
 func WithSweepInterval(d time.Duration) MemoryOption { return func(m *Memory) { m.sweep = d } }
 
 // WithClock makes the store read the time from now, for tests; a clock going
-// back stands still. A nil now is an error for [Memory.Validate].
+// back can make decisions stricter (more debt), never looser. A nil now is an
+// error for [Memory.Validate].
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) {
 		if now != nil {

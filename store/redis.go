@@ -54,8 +54,10 @@ type RedisOption func(*Redis)
 // brace, which would pick every key's slot, is an error for [Redis.Validate].
 func WithKeyPrefix(prefix string) RedisOption {
 	return func(r *Redis) {
-		r.prefix = prefix
-		if r.tagged && strings.ContainsAny(prefix, "{}") && r.err == nil {
+		switch {
+		case !r.tagged || !strings.ContainsAny(prefix, "{}"):
+			r.prefix = prefix
+		case r.err == nil:
 			r.err = fmt.Errorf("store: WithKeyPrefix(%q) on a Cluster or Ring: a brace would choose the hash slot of every key; the store sets each key's hash tag itself", prefix)
 		}
 	}

@@ -276,8 +276,12 @@ func TestRedisValidateDeadlines(t *testing.T) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
 	defer cc.Close()
 	for _, p := range []string{"{app}:", "{}x:", "a}"} {
-		if err := store.NewRedis(cc, store.WithKeyPrefix(p)).Validate(); err == nil || !strings.Contains(err.Error(), "brace") {
+		s := store.NewRedis(cc, store.WithKeyPrefix(p))
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "brace") {
 			t.Errorf("Validate on a Cluster with prefix %q = %v; want an error about the brace", p, err)
+		}
+		if k := s.Key("a"); !strings.HasPrefix(k, store.DefaultKeyPrefix) { // ignored, as Validate says
+			t.Errorf("Key(a) with prefix %q refused = %q; want the default prefix", p, k)
 		}
 	}
 	if err := store.NewRedis(cc, store.WithKeyPrefix("app:")).Validate(); err != nil {
