@@ -11,11 +11,9 @@ const (
 	DefaultBreakerFailures = 5
 	// DefaultBreakerCooldown is the default of [WithBreaker]'s cooldown.
 	DefaultBreakerCooldown = time.Second
-	// firstProbe is how long an opened breaker waits before its first probe. Then each failed probe
-	// doubles the wait, up to the cooldown, so that after a short stall of Redis local decisions end
-	// about when it ends, not a cooldown later: 2 servers sharing 200/s, Redis stopped for 0.2 s
-	// under a flood, let 235 more through than the shared allowance with a whole second of
-	// cooldown, 20-47 with this (3 runs each of an audit test, real redis-server).
+	// firstProbe is an opened breaker's wait for its first probe, doubled per failed one up to the
+	// cooldown: 2 servers sharing 200/s with Redis stopped 0.2 s under a flood let 20-47 more through
+	// than the shared allowance, against 235 with a whole cooldown (audit test, real redis-server).
 	firstProbe = 10 * time.Millisecond
 )
 
@@ -107,8 +105,7 @@ func (b *breaker) done(probe, failed bool) {
 	}
 }
 
-// open opens b from a closed breaker's failures or a half-open one's failed probe; a call from before
-// an opening that fails after it changes nothing.
+// open opens b from state from; a call from before an opening that fails after it changes nothing.
 func (b *breaker) open(from BreakerState) {
 	if BreakerState(b.state.Load()) != from {
 		return

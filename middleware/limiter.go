@@ -179,13 +179,11 @@ func DefaultName(limit store.Limit) string {
 	return name
 }
 
-// sites counts the limiters made at each place (*atomic.Int64 by place); issued holds the names
-// site gave, so that none is given twice.
+// sites counts the limiters made at each place (*atomic.Int64 by place); issued has site's names.
 var sites, issued sync.Map
 
 // site hashes (FNV-1a, 8 hex digits) New's caller outside this package and how many limiters it
-// made before: the same in replicas making limiters in one order. A hash given before (a 2^-32
-// chance per pair) gets ".1", ".2"... until it is new, as it does in each replica.
+// made before: the same in replicas making limiters in one order; made unique if it repeats (2^-32).
 func site() string {
 	var pcs [32]uintptr
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs[:])])
