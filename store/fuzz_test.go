@@ -3,12 +3,14 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tollgate-go/tollgate/internal/race"
 	"github.com/tollgate-go/tollgate/store"
 )
 
@@ -216,5 +218,104 @@ func TestMemoryAndRedisAgreeDelayed(t *testing.T) {
 	}
 	if delayed < 100 {
 		t.Errorf("only %d of 2000 decisions were delayed: the test does not exercise the queue", delayed)
+	}
+}
+
+// TestMemoryAndRedisAgreeMixed: 20,000 random Takes, Refunds, TakeDelayeds,
+// TakeAlls and Blocks on three keys under limits at the edges of what
+// Validate accepts (Burst 2^50, q near 10^9, a year's period), with the
+// clocks moved between them: Memory and Redis (miniredis) give the same
+// Results to the µs and fail alike (4,000 under the race detector, which
+// makes miniredis five times slower).
+func TestMemoryAndRedisAgreeMixed(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{now: epoch}
+	m := store.NewMemory(store.WithClock(clock.Now), store.WithSweepInterval(0))
+	defer m.Close()
+	mr, mini, _ := newMiniredisClock(t)
+	r := store.NewRedis(mini)
+	advance := func(d time.Duration) {
+		clock.Advance(d)
+		mr.SetTime(clock.Now())
+		mr.FastForward(d)
+	}
+	rnd := uint64(12345)
+	next := func(n int) int {
+		rnd ^= rnd << 13
+		rnd ^= rnd >> 7
+		rnd ^= rnd << 17
+		return int(rnd % uint64(n))
+	}
+	limits := []store.Limit{
+		{Rate: 7, Period: 3 * time.Second, Burst: 4},
+		{Rate: 3, Period: time.Second, Burst: 10},
+		{Rate: 1 << 25, Period: time.Second + time.Microsecond, Burst: 1 << 25},
+		{Rate: 1, Period: time.Microsecond, Burst: 1 << 50},
+		{Rate: 999_999_937, Period: time.Second, Burst: 3},
+		{Rate: 2, Period: 86400 * 365 * time.Second, Burst: 2},
+		{Rate: 1_000_000, Period: 1_000_003 * time.Microsecond, Burst: 1_000},
+	}
+	keys := []string{"a", "b", "c"}
+	same := func(step int, what string, x, y store.Result, ex, ey error) {
+		if (ex == nil) != (ey == nil) || x != y {
+			t.Fatalf("step %d %s:\n memory %+v %v\n redis  %+v %v", step, what, x, ex, y, ey)
+		}
+	}
+	steps := 20_000
+	if race.Enabled {
+		steps = 4_000
+	}
+	for step := range steps {
+		l := limits[next(len(limits))]
+		k := keys[next(len(keys))]
+		cost := 0
+		switch next(4) {
+		case 0:
+			cost = 1
+		case 1:
+			cost = l.Burst
+		case 2:
+			cost = next(min(l.Burst, 1<<30) + 1)
+		}
+		var what string
+		var x, y store.Result
+		var ex, ey error
+		switch op := next(10); {
+		case op < 4:
+			what = fmt.Sprintf("Take(%s, %v, %d)", k, l, cost)
+			x, ex = m.Take(ctx, k, l, cost)
+			y, ey = r.Take(ctx, k, l, cost)
+		case op < 5:
+			what = fmt.Sprintf("Refund(%s, %v, %d)", k, l, cost)
+			x, ex = m.Refund(ctx, k, l, cost)
+			y, ey = r.Refund(ctx, k, l, cost)
+		case op < 6:
+			d := time.Duration(next(3000)) * time.Millisecond
+			what = fmt.Sprintf("TakeDelayed(%s, %v, %d, %v)", k, l, cost, d)
+			x, ex = m.TakeDelayed(ctx, k, l, cost, d)
+			y, ey = r.TakeDelayed(ctx, k, l, cost, d)
+		case op < 7:
+			l2 := limits[next(len(limits))]
+			reqs := []store.Request{{Key: k, Limit: l, Cost: cost}, {Key: k + "x", Limit: l2, Cost: min(cost, l2.Burst)}}
+			what = fmt.Sprintf("TakeAll(%+v)", reqs)
+			xs, ex := m.TakeAll(ctx, reqs)
+			ys, ey := r.TakeAll(ctx, reqs)
+			if (ex == nil) != (ey == nil) || fmt.Sprint(xs) != fmt.Sprint(ys) {
+				t.Fatalf("step %d %s:\n memory %+v %v\n redis  %+v %v", step, what, xs, ex, ys, ey)
+			}
+			continue
+		case op < 8:
+			d := time.Duration(1+next(5000)) * time.Millisecond
+			what = fmt.Sprintf("Block(%s, %v, %v)", k, l, d)
+			ex, ey = m.Block(ctx, k, l, d), r.Block(ctx, k, l, d)
+			if (ex == nil) != (ey == nil) {
+				t.Fatalf("step %d %s: memory %v redis %v", step, what, ex, ey)
+			}
+			continue
+		default:
+			advance(time.Duration(next(2_000_000)) * time.Microsecond)
+			continue
+		}
+		same(step, what, x, y, ex, ey)
 	}
 }
