@@ -683,41 +683,11 @@ func holdBatches(t *testing.T, client redis.UniversalClient) (release func()) {
 func TestBatchingMergedCallWithForeignKey(t *testing.T) {
 	leaktest.Check(t)
 	client := redistest.Server(t).Client(t)
-	ctx := context.Background()
-	release := holdBatches(t, client)
 	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
-	if err := client.LPush(ctx, s.Key("list"), "x").Err(); err != nil {
+	if err := client.LPush(context.Background(), s.Key("list"), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
-	limit := store.PerMinute(10)
-	held := make(chan error, 1)
-	go func() { _, err := s.Take(ctx, "hold", limit, 1); held <- err }()
-	time.Sleep(50 * time.Millisecond) // the hold in flight: the rest queue behind it
-	keys := []string{"a0", "a1", "list", "b0", "b1"}
-	errs := make([]error, len(keys))
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		wg.Add(1)
-		go func() { defer wg.Done(); _, errs[i] = s.Take(ctx, k, limit, 1) }()
-	}
-	time.Sleep(50 * time.Millisecond)
-	release()
-	wg.Wait()
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range keys {
-		if k == "list" {
-			if errs[i] == nil || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
-				t.Errorf("Take of a list = %v; want Redis's WRONGTYPE error", errs[i])
-			}
-			continue
-		}
-		res, err := s.Take(ctx, k, limit, 0)
-		if errs[i] != nil || err != nil || res.Remaining != limit.Burst-1 {
-			t.Errorf("Take %q = %v, read back %+v, %v; want allowed, 1 token spent", k, errs[i], res, err)
-		}
-	}
+	mergedWithOneBad(t, client, s, "list", "WRONGTYPE")
 }
 
 // A merged call the script refuses because of one Take's arguments (which
@@ -726,15 +696,23 @@ func TestBatchingMergedCallWithForeignKey(t *testing.T) {
 func TestBatchingMergedCallRefusedForOne(t *testing.T) {
 	leaktest.Check(t)
 	client := redistest.Server(t).Client(t)
-	ctx := context.Background()
-	release := holdBatches(t, client)
 	client.AddHook(spoilHook{":bad"})
 	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
+	mergedWithOneBad(t, client, s, "bad", "ERR tollgate:")
+}
+
+// mergedWithOneBad queues Takes of bad and four other keys on s (batching 1)
+// behind a held pipeline, so that they go out in one merged call, and checks
+// that bad's fails with an error holding want and that each other took a token.
+func mergedWithOneBad(t *testing.T, client *redis.Client, s *store.Redis, bad, want string) {
+	t.Helper()
+	ctx := context.Background()
+	release := holdBatches(t, client)
 	limit := store.PerMinute(10)
 	held := make(chan error, 1)
 	go func() { _, err := s.Take(ctx, "hold", limit, 1); held <- err }()
 	time.Sleep(50 * time.Millisecond) // the hold in flight: the rest queue behind it
-	keys := []string{"a0", "a1", "bad", "b0", "b1"}
+	keys := []string{"a0", "a1", bad, "b0", "b1"}
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
 	for i, k := range keys {
@@ -748,9 +726,9 @@ func TestBatchingMergedCallRefusedForOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, k := range keys {
-		if k == "bad" {
-			if errs[i] == nil || !strings.Contains(errs[i].Error(), "ERR tollgate:") {
-				t.Errorf("Take with spoilt arguments = %v; want the script's refusal", errs[i])
+		if k == bad {
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), want) {
+				t.Errorf("Take of %q = %v; want an error with %q", k, errs[i], want)
 			}
 			continue
 		}
