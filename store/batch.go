@@ -179,7 +179,7 @@ func (b *batcher) send(batch []*call) {
 			switch {
 			case again:
 				cerr = b.r.run(c.ctx, c)
-			case len(u) > 1 && isRefused(err): // one call's arguments: each alone, for its own answer
+			case len(u) > 1 && err != nil && isRefused(err): // one call's arguments: each alone, for its own answer
 				cerr = b.r.run(c.ctx, c)
 			case len(u) == 1 || cmd.Err() != nil:
 				cerr = b.r.read(ctx, c, cmd)
