@@ -179,7 +179,7 @@ func (b *batcher) send(batch []*call) {
 			switch {
 			case again:
 				cerr = b.r.run(c.ctx, c)
-			case len(u) > 1 && err != nil && isRefused(err): // one call's arguments: each alone, for its own answer
+			case len(u) > 1 && isRefused(err): // one call's arguments: each alone, for its own answer
 				cerr = b.r.run(c.ctx, c)
 			case len(u) == 1 || cmd.Err() != nil:
 				cerr = b.r.read(ctx, c, cmd)
@@ -231,11 +231,9 @@ func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(first, last)
 }
 
-// isRefused reports whether err is the script's refusal of its arguments.
-func isRefused(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(err.Error(), "ERR tollgate:")
-}
+// isRefused reports whether err is the script's refusal of its arguments (a
+// Redis reply, as go-redis returns it: no other error reads so).
+func isRefused(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "ERR tollgate:") }
 
 // isRedirect reports whether err says a Cluster node cannot serve the key now.
 func isRedirect(err error) bool {
