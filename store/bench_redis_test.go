@@ -44,8 +44,7 @@ func BenchmarkRedisTake(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				// Each goroutine from its own offset: goroutines walking the
 				// keys in step would decide on one bucket at once, which
-				// measures the cache rather than Redis (and which
-				// WithCoalescing would turn into one script call).
+				// measures Redis on a few hot keys.
 				i := int(next.Add(1)) * (len(spreadKeys) / 64)
 				for pb.Next() {
 					if _, err := s.Take(ctx, spreadKeys[i%len(spreadKeys)], benchLimit, 1); err != nil {

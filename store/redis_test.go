@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-go/tollgate/internal/redistest"
@@ -544,8 +546,84 @@ func TestRedisLateReplyTakenOnce(t *testing.T) {
 	})
 }
 
+// A Take whose context cannot end (Background, or values only) is still
+// bound to end by the ReadTimeout when the client retries, alone and in a
+// pipeline, and the client's hooks still see its values; with retries off
+// the store adds no deadline.
+func TestRedisBoundKeepsValues(t *testing.T) {
+	type key struct{}
+	mr := miniredis.RunT(t)
+	for _, tc := range []struct {
+		name    string
+		retries int
+		bounded bool
+	}{{"retries", 0, true}, {"no retries", -1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const read = 500 * time.Millisecond
+			client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ReadTimeout: read, MaxRetries: tc.retries, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { client.Close() })
+			var mu sync.Mutex
+			var seen []string
+			var want any // the round's value
+			client.AddHook(ctxHook(func(ctx context.Context) {
+				d, ok := ctx.Deadline()
+				left := time.Until(d)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case ok != tc.bounded:
+					seen = append(seen, fmt.Sprintf("deadline %v, want %v", ok, tc.bounded))
+				case ok && (left <= 0 || left > read):
+					seen = append(seen, fmt.Sprintf("deadline in %v, want within (0, %v]", left, read))
+				}
+				if v := ctx.Value(key{}); v != want {
+					seen = append(seen, fmt.Sprintf("value %v, want %v", v, want))
+				}
+			}))
+			s := store.NewRedis(client)
+			lim := store.PerSecond(1000)
+			for _, v := range []any{nil, "v"} {
+				ctx := context.Background()
+				if v != nil {
+					ctx = context.WithValue(ctx, key{}, v)
+				}
+				mu.Lock()
+				want = v
+				mu.Unlock()
+				var wg sync.WaitGroup
+				for i := range 32 { // one alone, then pipelines
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if _, err := s.Take(ctx, fmt.Sprint("k", i), lim, 1); err != nil {
+							t.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, msg := range slices.Compact(seen) {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+// ctxHook calls f with the context of every command or pipeline sent.
+type ctxHook func(context.Context)
+
+func (h ctxHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h ctxHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h(ctx); return next(ctx, cmd) }
+}
+func (h ctxHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h(ctx); return next(ctx, cmds) }
+}
+
 // lateTakenOnce makes every server at addrs run a script for 300 ms while
-// 8 Takes go through client, then checks what each took.
+// 9 Takes go through client, then checks what each took.
 func lateTakenOnce(t *testing.T, client redis.UniversalClient, addrs []string) {
 	s := store.NewRedis(client, store.WithKeyPrefix(t.Name()+":"), store.WithBatching(1))
 	lim, ctx := store.PerHour(10), context.Background()
@@ -582,11 +660,18 @@ func lateTakenOnce(t *testing.T, client redis.UniversalClient, addrs []string) {
 	}
 	time.Sleep(50 * time.Millisecond) // the slow scripts are running
 	var wg sync.WaitGroup
-	for i := range 8 { // one alone, the others queued into a pipeline
+	for i := range 9 { // one alone, the others queued into a pipeline
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// A deadline later than the ReadTimeout, none, or none and a cancel.
 			tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			switch i % 3 {
+			case 1:
+				tctx = ctx
+			case 2:
+				tctx, cancel = context.WithCancel(ctx)
+			}
 			defer cancel()
 			s.Take(tctx, fmt.Sprint("k", i), lim, 1) // an error: the reply is late
 		}()
@@ -598,7 +683,7 @@ func lateTakenOnce(t *testing.T, client redis.UniversalClient, addrs []string) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond) // Redis done with what it received
-	for i := range 8 {
+	for i := range 9 {
 		res, err := store.Inspect(ctx, s, fmt.Sprint("k", i), lim, 0)
 		if err != nil {
 			t.Fatal(err)
