@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,7 @@ type capRow struct {
 type capMem struct {
 	lib        string
 	bytesPerKy float64 // used_memory growth per key, the key's dictionary and expiry entries included
+	usage      int64   // MEMORY USAGE of one of the keys
 	err        error
 }
 
@@ -185,8 +187,11 @@ func (r *report) capacityRun(ctx context.Context, n int, mk func(*redis.Client) 
 		float64(failed.Load()) / float64(n), nil
 }
 
-// capacityMemory decides once on each of 10,000 keys under limit and returns
-// Redis's used_memory growth per key.
+// memKeyLen is the length of every Redis key in capacityMemory.
+const memKeyLen = 32
+
+// capacityMemory decides once on each of 10,000 keys under limit, each
+// memKeyLen bytes long in Redis, and returns Redis's used_memory growth per key.
 func (r *report) capacityMemory(ctx context.Context, name, lib string, limit store.Limit) capMem {
 	const keys = 10_000
 	m := capMem{lib: name}
@@ -204,6 +209,17 @@ func (r *report) capacityMemory(ctx context.Context, name, lib string, limit sto
 	if _, m.err = d.Decide(ctx, "warm"); m.err != nil {
 		return m
 	}
+	// Every library's Redis keys padded to one length: the name is the
+	// user's choice (a prefix option), not what the library costs.
+	found, err := c.Keys(ctx, "*warm").Result()
+	if err == nil && len(found) != 1 {
+		err = fmt.Errorf("found %q for the key warm; want one Redis key", found)
+	}
+	if err != nil {
+		m.err = err
+		return m
+	}
+	width := memKeyLen - (len(found[0]) - len("warm")) - len("mem:")
 	used := func() (float64, error) {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil {
@@ -217,7 +233,7 @@ func (r *report) capacityMemory(ctx context.Context, name, lib string, limit sto
 		return m
 	}
 	for i := range keys {
-		if _, m.err = d.Decide(ctx, "mem:"+strconv.Itoa(i)); m.err != nil {
+		if _, m.err = d.Decide(ctx, fmt.Sprintf("mem:%0*d", width, i)); m.err != nil {
 			return m
 		}
 	}
@@ -227,7 +243,12 @@ func (r *report) capacityMemory(ctx context.Context, name, lib string, limit sto
 		return m
 	}
 	m.bytesPerKy = (after - before) / keys
-	logf("capacity memory %s: %.0f bytes per active key", name, m.bytesPerKy)
+	one := strings.Replace(found[0], "warm", fmt.Sprintf("mem:%0*d", width, keys-1), 1)
+	if m.usage, m.err = c.MemoryUsage(ctx, one).Result(); m.err != nil {
+		m.err = fmt.Errorf("MEMORY USAGE %s: %w", one, m.err)
+		return m
+	}
+	logf("capacity memory %s: %.0f bytes per active key, MEMORY USAGE %d", name, m.bytesPerKy, m.usage)
 	return m
 }
 

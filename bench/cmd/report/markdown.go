@@ -502,14 +502,17 @@ func (r *report) capacityMarkdown(b *bytes.Buffer) {
 	}
 	p("\nMemory of an active bucket: `used_memory` of `INFO memory` before and after one decision on each of " +
 		"10,000 new keys under 100 per hour (so that every key lives through the measurement), over 10,000: " +
-		"the key, its value and its entries in Redis's key and expiry dictionaries.\n\n")
-	p("| library | bytes per active key |\n|---|--:|\n")
+		"the key, its value and its entries in Redis's key and expiry dictionaries. Every library's keys are " +
+		fmt.Sprint(memKeyLen) + " bytes long in Redis (the caller's key zero-padded after the library's prefix): " +
+		"a key's name is the user's choice, not what the library costs. MEMORY USAGE counts a value's object " +
+		"even where Redis shares it (a small integer, as a counter's), which used_memory does not.\n\n")
+	p("| library | bytes per active key | MEMORY USAGE of one |\n|---|--:|--:|\n")
 	for _, m := range r.capMems {
 		if m.err != nil {
 			p("| %s | failed: %s |\n", m.lib, oneLine(m.err.Error()))
 			continue
 		}
-		p("| %s | %.0f |\n", m.lib, m.bytesPerKy)
+		p("| %s | %.0f | %d |\n", m.lib, m.bytesPerKy, m.usage)
 	}
 	p("\n")
 }
