@@ -285,7 +285,6 @@ func plainItem(s string) bool {
 	return false
 }
 
-// isDigits reports whether s is 1 to n decimal digits.
 func isDigits(s string, n int) bool {
 	return len(s) >= 1 && len(s) <= n && strings.Trim(s, digits) == ""
 }

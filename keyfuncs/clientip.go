@@ -49,30 +49,21 @@ func TrustProxies(cidrs ...string) IPOption {
 			return invalid("TrustProxies needs at least one network")
 		}
 		for _, s := range cidrs {
-			p, ok := parseTrusted(s)
-			if !ok {
+			p, err := netip.ParsePrefix(s)
+			if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
+				p, err = netip.PrefixFrom(a, a.BitLen()), nil // a bare address
+			}
+			if err != nil {
 				return invalid("TrustProxies %q is not an IP network (CIDR) or address", s)
+			}
+			p = p.Masked()
+			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 			}
 			c.trusted = append(c.trusted, p)
 		}
 		return nil
 	}}
-}
-
-// parseTrusted returns the masked network of s, unmapped if IPv4-mapped and /96+.
-func parseTrusted(s string) (netip.Prefix, bool) {
-	p, err := netip.ParsePrefix(s)
-	if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
-		p, err = netip.PrefixFrom(a, a.BitLen()), nil // a bare address
-	}
-	if err != nil {
-		return netip.Prefix{}, false
-	}
-	p = p.Masked()
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p, true
 }
 
 // FromXForwardedFor reads the client from X-Forwarded-For, its field lines
@@ -150,7 +141,6 @@ func MaxForwarded(n int) IPOption {
 	return rangeOption("MaxForwarded", n, 256, func(c *ipConfig) { c.max, c.maxSet = n, true })
 }
 
-// rangeOption returns an IPOption that calls set if n is in [1, max].
 func rangeOption(name string, n, max int, set func(*ipConfig)) IPOption {
 	return IPOption{func(c *ipConfig) error {
 		if n < 1 || n > max {
@@ -374,8 +364,7 @@ func lastElementComma(s string) (j int, ok bool) {
 
 // forwardedFor returns the for= address of a Forwarded element (name=value;...).
 func forwardedFor(elem string) (netip.Addr, bool) {
-	var node string
-	found := false
+	node, found := "", false
 	for s := elem; ; {
 		s = s[span(s, func(c byte) bool { return isOWS(c) || c == ';' }):]
 		if s == "" {

@@ -37,7 +37,6 @@ func PeerIPPrefix(v4Bits, v6Bits int) (KeyFunc, error) {
 	return ipKeyer{v4Bits, v6Bits}.peer, nil
 }
 
-// defaultIPKeyer groups IPv6 by /64 (see IPv6Prefix).
 var defaultIPKeyer = ipKeyer{v4Bits: 32, v6Bits: 64}
 
 // ipKeyer turns addresses into "ip:" keys at given prefix lengths.
@@ -190,7 +189,6 @@ func validPort(p string) bool {
 	return n <= 65535
 }
 
-// clip returns s for an error message, cut to 64 bytes and "..." if longer.
 func clip(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "..."

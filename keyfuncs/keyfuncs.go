@@ -87,9 +87,7 @@ func Join(fns ...KeyFunc) (KeyFunc, error) {
 	}
 	fns = slices.Clone(fns) // the caller may reuse its slice
 	return func(r *http.Request) (string, error) {
-		// One allocation for the key when it fits.
-		var buf [128]byte
-		b := buf[:0]
+		b := make([]byte, 0, 128) // one allocation for the key when it fits
 		for i, fn := range fns {
 			k, err := fn(r)
 			if err != nil {
@@ -101,21 +99,15 @@ func Join(fns ...KeyFunc) (KeyFunc, error) {
 			if i > 0 {
 				b = append(b, '|')
 			}
-			b = appendEscaped(b, k)
+			for j := 0; j < len(k); j++ {
+				if k[j] == '\\' || k[j] == '|' {
+					b = append(b, '\\')
+				}
+				b = append(b, k[j])
+			}
 		}
 		return string(b), nil
 	}, nil
-}
-
-// appendEscaped appends s with a '\' before each '\' and '|'.
-func appendEscaped(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == '\\' || c == '|' {
-			b = append(b, '\\')
-		}
-		b = append(b, s[i])
-	}
-	return b
 }
 
 // Header keys a request by a header that identifies the client, such as an
