@@ -162,13 +162,9 @@ func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	}
 	e := r.shared.Load()
 	if e == nil || e.end.Sub(now) < r.late/2 {
-		next := &sharedEnd{end: now.Add(r.late)}
-		next.ctx, next.cancel = context.WithDeadline(context.Background(), next.end) // its timer ends it
-		if !r.shared.CompareAndSwap(e, next) {
-			next.cancel()
-			next = r.shared.Load()
-		}
-		e = next
+		e = &sharedEnd{end: now.Add(r.late)}
+		e.ctx, e.cancel = context.WithDeadline(context.Background(), e.end)
+		r.shared.Store(e) // racing calls each keep their own
 	}
 	if ctx == context.Background() {
 		return e.ctx, nop
@@ -179,7 +175,7 @@ func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // A sharedEnd is a deadline that the calls of [Redis.bound] share.
 type sharedEnd struct {
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelFunc // never called: the timer ends ctx
 	end    time.Time
 }
 

@@ -242,6 +242,25 @@ func TestRedisTakeReturnsByDeadline(t *testing.T) {
 			for range 3 {
 				failsWithin(t, s, 50*time.Millisecond, 70*time.Millisecond)
 			}
+			// A crowd sharing one context, as under middleware's shared budget:
+			// queued Takes go out in a pipeline on that context itself.
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := s.Take(ctx, fmt.Sprint("k", i), store.PerSecond(1), 1); err == nil {
+						t.Error("Take on a hung Redis succeeded")
+					}
+				}()
+			}
+			wg.Wait()
+			if elapsed := time.Since(start); elapsed > 250*time.Millisecond { // not the 5s ReadTimeout
+				t.Errorf("16 Takes sharing a 50ms deadline returned after %v", elapsed)
+			}
 		})
 	}
 }
