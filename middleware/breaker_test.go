@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -611,5 +613,54 @@ func TestFailLocalStoreIsSwept(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 		serve("sweeper")
+	}
+}
+
+// A store call gets the request's values under a deadline of 15/16 of the
+// budget to all of it, whenever the request comes; a request whose own
+// deadline is sooner keeps its own.
+func TestBudgetDeadline(t *testing.T) {
+	type key struct{}
+	const budget = 80 * time.Millisecond
+	m := store.NewMemory()
+	defer m.Close()
+	var mu sync.Mutex
+	var got []string
+	check := func(ctx context.Context, want time.Duration) {
+		d, ok := ctx.Deadline()
+		left := time.Until(d)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case !ok:
+			got = append(got, "no deadline")
+		case left > want || left < want-want/16-5*time.Millisecond: // 5 ms: this goroutine's lateness
+			got = append(got, fmt.Sprintf("deadline in %v, want %v to %v", left, want-want/16, want))
+		case ctx.Value(key{}) != "v":
+			got = append(got, fmt.Sprintf("value %v, want v", ctx.Value(key{})))
+		}
+	}
+	var want atomic.Int64
+	st := storeFunc(func(ctx context.Context, k string, lim store.Limit, cost int) (store.Result, error) {
+		check(ctx, time.Duration(want.Load()))
+		return m.Take(ctx, k, lim, cost)
+	})
+	h := mustNew(t, st, store.PerSecond(1_000_000), middleware.WithTimeout(budget), quiet).Handler(okHandler)
+	serve := func(ctx context.Context) {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(context.WithValue(ctx, key{}, "v")))
+	}
+	want.Store(int64(budget))
+	for i := range 200 { // over two budgets and more
+		serve(context.Background())
+		time.Sleep(time.Duration(i%3) * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget/2)
+	want.Store(int64(budget / 2))
+	serve(ctx) // its own, sooner deadline
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, msg := range slices.Compact(got) {
+		t.Error(msg)
 	}
 }

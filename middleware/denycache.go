@@ -178,8 +178,6 @@ func (d *denyCache) denied(key []byte, lim store.Limit, cost int, res store.Resu
 		window: tokenTime(lim, cost, false), gen: e.gen + 1}
 }
 
-func (d *denyCache) forget(key []byte) { d.probed(key, 0) }
-
 // probed drops key's entry gen, whose probe was not denied; gen 0 drops any.
 func (d *denyCache) probed(key []byte, gen uint64) {
 	sh, k := d.lookup(key)

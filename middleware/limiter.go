@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net/http"
 	"runtime"
 	"slices"
@@ -31,10 +32,10 @@ var (
 type Limiter struct {
 	cfg        config
 	store      store.Store
-	site       string           // where New was called; see WithName
-	bound      bool             // apply cfg.timeout to store calls: not a Memory
-	plans      map[string]*plan // by tier, for a Multi
-	def        *plan            // the plan of a Limiter, and of a Multi's unknown tiers
+	site       string                    // where New was called; see WithName
+	shared     atomic.Pointer[sharedEnd] // the budget's deadline (see budget)
+	plans      map[string]*plan          // by tier, for a Multi
+	def        *plan                     // the plan of a Limiter, and of a Multi's unknown tiers
 	of         func(*http.Request) string
 	brk        *breaker
 	local      *store.Memory // FailLocal's store
@@ -102,7 +103,6 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	_, refunds := s.(store.Refunder)
 	_, delays := s.(store.Delayer)
 	_, admin := s.(store.Admin)
-	l.bound = !mem
 	switch {
 	case l.cfg.refund != nil && !refunds:
 		return nil, fmt.Errorf("middleware: WithRefund: %T cannot give tokens back (store.Refunder)", s)
@@ -114,10 +114,10 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	if l.cfg.denyKeys > 0 && !l.cfg.dryRun {
 		l.deny = newDenyCache(l.cfg.denyKeys)
 	}
-	if l.bound && l.cfg.breakerFailures > 0 {
-		l.brk = &breaker{threshold: int64(l.cfg.breakerFailures), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
+	if !mem { // the breaker and budget of store calls; failures 0: one that never opens
+		l.brk = &breaker{threshold: cmp.Or(int64(l.cfg.breakerFailures), math.MaxInt64), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
-	if l.cfg.policy.kind == failLocal && l.bound { // a Memory store does not fail
+	if l.cfg.policy.kind == failLocal && !mem { // a Memory store does not fail
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
 	}
 	l.of, l.plans = t.Of, map[string]*plan{}
@@ -234,7 +234,7 @@ func (l *Limiter) StoreKey(subject string) string {
 // Forget drops this server's cached denial of subject ([WithDenyCache]); other servers keep theirs.
 func (l *Limiter) Forget(subject string) {
 	if l.deny != nil {
-		l.deny.forget([]byte(l.StoreKey(subject)))
+		l.deny.probed([]byte(l.StoreKey(subject)), 0)
 	}
 }
 
