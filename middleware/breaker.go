@@ -77,13 +77,13 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call allow let through, and records its outcome: an error, unless ctx ended,
-// is a failure; so is a probe whose client left, or a panic.
+// call runs fn, a store call allow let through, and records its outcome: an error is a failure unless
+// ctx ended (but a probe's), and so is a panic.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	failed := true // if fn panics or calls runtime.Goexit
 	defer func() { b.done(probe, failed) }()
 	err := fn()
-	failed = err != nil && !gone(ctx) || probe && gone(ctx)
+	failed = err != nil && (probe || !gone(ctx))
 	return err
 }
 

@@ -664,3 +664,40 @@ func TestBudgetDeadline(t *testing.T) {
 		t.Error(msg)
 	}
 }
+
+// A probe the store answers closes the breaker even if its client left
+// meanwhile: the store is healthy, whoever is still waiting.
+func TestBreakerProbeAnsweredAfterClientLeft(t *testing.T) {
+	const cooldown = 20 * time.Millisecond
+	m := store.NewMemory()
+	defer m.Close()
+	var failing atomic.Bool
+	var leave atomic.Pointer[context.CancelFunc]
+	st := storeFunc(func(ctx context.Context, k string, lim store.Limit, cost int) (store.Result, error) {
+		if failing.Load() {
+			return store.Result{}, errors.New("store down")
+		}
+		if c := leave.Load(); c != nil {
+			(*c)() // the client goes away while the store decides
+		}
+		return m.Take(ctx, k, lim, cost)
+	})
+	l := mustNew(t, st, store.PerSecond(1000), middleware.WithBreaker(2, cooldown), quiet)
+	h := l.Handler(okHandler)
+	failing.Store(true)
+	for range 2 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	if s := l.BreakerState(); s != middleware.BreakerOpen {
+		t.Fatalf("after 2 failures: %v, want open", s)
+	}
+	failing.Store(false)
+	time.Sleep(2 * cooldown) // past the first probe's wait
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leave.Store(&cancel)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	if s := l.BreakerState(); s != middleware.BreakerClosed {
+		t.Errorf("after a probe the store answered, its client gone: %v, want closed", s)
+	}
+}
