@@ -32,10 +32,10 @@ var (
 type Limiter struct {
 	cfg        config
 	store      store.Store
-	site       string                    // where New was called; see WithName
-	shared     atomic.Pointer[sharedEnd] // the budget's deadline (see budget)
-	plans      map[string]*plan          // by tier, for a Multi
-	def        *plan                     // the plan of a Limiter, and of a Multi's unknown tiers
+	site       string           // where New was called; see WithName
+	budget     *store.Budget    // of store calls: nil for a Memory
+	plans      map[string]*plan // by tier, for a Multi
+	def        *plan            // the plan of a Limiter, and of a Multi's unknown tiers
 	of         func(*http.Request) string
 	brk        *breaker
 	local      *store.Memory // FailLocal's store
@@ -115,6 +115,7 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 		l.deny = newDenyCache(l.cfg.denyKeys)
 	}
 	if !mem { // the breaker and budget of store calls; failures 0: one that never opens
+		l.budget = store.NewBudget(l.cfg.timeout)
 		l.brk = &breaker{threshold: cmp.Or(int64(l.cfg.breakerFailures), math.MaxInt64), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && !mem { // a Memory store does not fail

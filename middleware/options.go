@@ -140,8 +140,8 @@ func WithCost(fn func(r *http.Request) int) Option {
 	return option(failIf(fn == nil, "WithCost: nil func"), func(c *config) { c.cost = fn })
 }
 
-// WithTimeout sets the budget of one store decision (default [DefaultTimeout]; a Memory has none),
-// 15/16 of it or more (calls share deadlines) under the request's values and sooner deadline.
+// WithTimeout sets the budget of one store decision (default [DefaultTimeout]; a Memory has none):
+// a [store.Budget], under the request's values and sooner deadline, not its cancellation.
 func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,7 +26,7 @@ const DefaultKeyPrefix = "tollgate:"
 // ContextTimeoutEnabled, and is safe for concurrent use. Call [NewRedis].
 // If the client retries (MaxRetries), a call ends once its reply is later
 // than the client's ReadTimeout or WriteTimeout (a call that cannot be
-// canceled, as under Background, from half of that): a copy sent then
+// canceled, as under Background, from 15/16 of that): a copy sent then
 // would be taken too.
 type Redis struct {
 	client    redis.UniversalClient
@@ -41,7 +40,7 @@ type Redis struct {
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
 	clock     func() time.Time
 	late      time.Duration // > 0: go-redis would send a call again once its reply is this late
-	shared    atomic.Pointer[sharedEnd]
+	budget    *Budget       // of late, for calls that cannot end
 }
 
 // DefaultBatchPipelines is [WithBatching]'s default: pipelines in flight per node.
@@ -111,7 +110,9 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 		}
 	}
 	r.single = &batcher{r: r, client: r.client}
-	r.late = lateAfter(r.client)
+	if r.late = lateAfter(r.client); r.late > 0 {
+		r.budget = NewBudget(r.late)
+	}
 	return r
 }
 
@@ -144,50 +145,20 @@ func lateAfter(c redis.UniversalClient) time.Duration {
 }
 
 // bound returns ctx, ending within r.late if the client would otherwise
-// send a late call again. A ctx that cannot end (no Done, as Background)
-// takes a deadline the store shares for late/2, so it ends between late/2
-// and late: a timer per call cost a Take alone 5 of its 13 allocations, one
-// in a pipeline 1 of 3 (go test -bench RedisTake, store/).
+// send a late call again: a ctx that cannot end (no Done, as Background)
+// under r.budget's shared deadline (a timer per call cost a Take alone 5
+// of its 13 allocations, one in a pipeline 1 of 3: go test -bench
+// RedisTake, store/).
 func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	nop := func() {}
-	if r.late == 0 {
+	switch d, ok := ctx.Deadline(); {
+	case r.late == 0 || ok && time.Until(d) <= r.late:
 		return ctx, nop
+	case ctx.Done() == nil:
+		return r.budget.Context(ctx), nop
 	}
-	now := time.Now()
-	if d, ok := ctx.Deadline(); ok && d.Sub(now) <= r.late {
-		return ctx, nop
-	}
-	if ctx.Done() != nil {
-		return context.WithTimeout(ctx, r.late)
-	}
-	e := r.shared.Load()
-	if e == nil || e.end.Sub(now) < r.late/2 {
-		e = &sharedEnd{end: now.Add(r.late)}
-		e.ctx, e.cancel = context.WithDeadline(context.Background(), e.end)
-		r.shared.Store(e) // racing calls each keep their own
-	}
-	if ctx == context.Background() {
-		return e.ctx, nop
-	}
-	return &deadlined{ctx, e}, nop // not pooled: a dial's context.AfterFunc outlives the call
+	return context.WithTimeout(ctx, r.late)
 }
-
-// A sharedEnd is a deadline that the calls of [Redis.bound] share.
-type sharedEnd struct {
-	ctx    context.Context
-	cancel context.CancelFunc // never called: the timer ends ctx
-	end    time.Time
-}
-
-// deadlined is a context that cannot end (its values) under a sharedEnd.
-type deadlined struct {
-	context.Context
-	e *sharedEnd
-}
-
-func (d *deadlined) Deadline() (time.Time, bool) { return d.e.end, true }
-func (d *deadlined) Done() <-chan struct{}       { return d.e.ctx.Done() }
-func (d *deadlined) Err() error                  { return d.e.ctx.Err() }
 
 // Validate returns an error for a nil client, an unusable option (ignored),
 // or a client that does not end calls at the context's deadline.
