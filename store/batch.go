@@ -217,23 +217,16 @@ func merge(calls []*call) []any {
 }
 
 // batchContext returns a pipeline's context: its first call's values (for
-// client hooks), and the calls' latest deadline if all have one; the first
-// call's context itself if all end together (one Done, as middleware's
-// shared budget gives): no timer per pipeline.
+// client hooks), and the calls' latest deadline if all have one.
 func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	first := context.WithoutCancel(calls[0].ctx)
 	var last time.Time
-	same := true
 	for _, c := range calls {
 		if d, ok := c.ctx.Deadline(); !ok {
 			return first, func() {}
 		} else if d.After(last) {
 			last = d
 		}
-		same = same && c.ctx.Done() == calls[0].ctx.Done()
-	}
-	if same {
-		return calls[0].ctx, func() {}
 	}
 	return context.WithDeadline(first, last)
 }

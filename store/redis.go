@@ -39,8 +39,7 @@ type Redis struct {
 	single    *batcher // not a Cluster's
 	nodes     sync.Map // *redis.Client (a Cluster master) → *batcher
 	clock     func() time.Time
-	late      time.Duration // > 0: go-redis would send a call again once its reply is this late
-	budget    *Budget       // of late, for calls that cannot end
+	late      *Budget // nil, or how late a reply may be before go-redis sends the call again
 }
 
 // DefaultBatchPipelines is [WithBatching]'s default: pipelines in flight per node.
@@ -110,8 +109,8 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 		}
 	}
 	r.single = &batcher{r: r, client: r.client}
-	if r.late = lateAfter(r.client); r.late > 0 {
-		r.budget = NewBudget(r.late)
+	if late := lateAfter(r.client); late > 0 {
+		r.late = NewBudget(late)
 	}
 	return r
 }
@@ -146,18 +145,18 @@ func lateAfter(c redis.UniversalClient) time.Duration {
 
 // bound returns ctx, ending within r.late if the client would otherwise
 // send a late call again: a ctx that cannot end (no Done, as Background)
-// under r.budget's shared deadline (a timer per call cost a Take alone 5
-// of its 13 allocations, one in a pipeline 1 of 3: go test -bench
-// RedisTake, store/).
+// under r.late's shared deadline (a timer per call cost a Take alone 5 of
+// its 13 allocations, one in a pipeline 1 of 3: go test -bench RedisTake,
+// store/).
 func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	nop := func() {}
 	switch d, ok := ctx.Deadline(); {
-	case r.late == 0 || ok && time.Until(d) <= r.late:
+	case r.late == nil || ok && time.Until(d) <= r.late.d:
 		return ctx, nop
 	case ctx.Done() == nil:
-		return r.budget.Context(ctx), nop
+		return r.late.Context(ctx), nop
 	}
-	return context.WithTimeout(ctx, r.late)
+	return context.WithTimeout(ctx, r.late.d)
 }
 
 // Validate returns an error for a nil client, an unusable option (ignored),

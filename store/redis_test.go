@@ -242,8 +242,8 @@ func TestRedisTakeReturnsByDeadline(t *testing.T) {
 			for range 3 {
 				failsWithin(t, s, 50*time.Millisecond, 70*time.Millisecond)
 			}
-			// A crowd sharing one context, as under middleware's shared budget:
-			// queued Takes go out in a pipeline on that context itself.
+			// A crowd sharing one context, as under middleware's shared budget,
+			// alone and queued into pipelines.
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
 			start := time.Now()
