@@ -15,16 +15,28 @@
 -- holds another type), then its keys'.
 
 local LIMIT = 1125899906842624 -- 2^50
-local call, format = redis.call, string.format
+-- Globals read once, as locals, and one format per state written: a merged
+-- call of 32 Takes on new keys spent 6 % less time per Take (9.49 µs against
+-- 10.11, bench/cmd/luaexp, 10 alternating runs).
+local call, pcall_, format, match, tonumber, type, KEYS =
+  redis.call, redis.pcall, string.format, string.match, tonumber, type, KEYS
 
 -- Every argument as a number, converted once, by arithmetic: calling a C
 -- function such as tonumber costs Redis more than the conversion. A merged
 -- call of 32 Takes on 32 keys spent 13-18 % less time per Take than with
--- tonumber at each use (bench/cmd/luaexp, 3 alternating runs).
-local a, nargs = {}, #ARGV
+-- tonumber at each use (bench/cmd/luaexp, 3 alternating runs). Each distinct
+-- string is converted once, as a merged call repeats its Limits' arguments:
+-- 1.6 % less again (9.33 µs, same runs).
+local a, nargs, seen = {}, #ARGV, {}
 if not pcall(function()
   for x = 1, nargs do
-    a[x] = ARGV[x] + 0
+    local v = ARGV[x]
+    local n = seen[v]
+    if not n then
+      n = v + 0
+      seen[v] = n
+    end
+    a[x] = n
   end
 end) then
   return redis.error_reply('ERR tollgate: invalid arguments')
@@ -93,10 +105,11 @@ while j <= nargs do
   j, r = gj, gr
   for i = gi, gi + m - 1 do
     local k, cap, q = a[j], a[j + 1], a[j + 2]
-    local v = vals[KEYS[i]]
+    local key = KEYS[i]
+    local v = vals[key]
     if v == nil then
-      v = redis.pcall('GET', KEYS[i])
-      vals[KEYS[i]] = v
+      v = pcall_('GET', key)
+      vals[key] = v
     end
     if type(v) == 'table' then
       if groups == 1 then
@@ -109,7 +122,7 @@ while j <= nargs do
       if v then
         local u, f, sq = tonumber(v), 0, q
         if not u then
-          local x, y, z = string.match(v, '^(%d+)%+(%d+)/(%d+)$')
+          local x, y, z = match(v, '^(%d+)%+(%d+)/(%d+)$')
           if x then
             u, f, sq = x + 0, y + 0, z + 0
           end
@@ -148,7 +161,7 @@ while j <= nargs do
       if now >= b3 then -- bounds a window old: now's window is unknown, refused as a far state
         start, far, cur = b3, true, cap
       elseif v then
-        local x, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+        local x, p, c = match(v, '^(%d+):(%d+):(%d+)$')
         if x then
           x, p, c = x + 0, p + 0, c + 0
         end
@@ -225,9 +238,11 @@ while j <= nargs do
       if k ~= 0 and du == 0 and df == 0 then
         vals[key], ttls[key] = false, false
       elseif k ~= 0 then -- digits, not Lua numbers: Redis 7.2.0-7.2.4 sends 1e8 as "1e+08"
-        local state, us = format('%d', now + du), du
+        local state, us = nil, du
         if df > 0 then
           state, us = format('%d+%d/%d', now + du, df, q), du + 1
+        else
+          state = format('%d', now + du)
         end
         vals[key], ttls[key] = state, (us + 999 - (us + 999) % 1000) / 1000
       end
