@@ -41,7 +41,10 @@ type ipConfig struct {
 // addresses without zone: headers are read only from a TCP peer inside one,
 // and [FromXForwardedFor] and [FromForwarded] skip the addresses inside them.
 // Calls add up; none is trusted by default. IPv4 and IPv6 are distinct
-// ("::/0" holds no IPv4 address); IPv4-mapped networks are read as IPv4.
+// ("::/0" holds no IPv4 address); IPv4-mapped networks (/96 or longer) are
+// read as IPv4. A client inside a trusted network can choose its key: with
+// those two sources a network of every address ("0.0.0.0/0", "::/0") is an
+// error, as the walk would end at the element the client wrote.
 func TrustProxies(cidrs ...string) IPOption {
 	cidrs = slices.Clone(cidrs) // the caller may reuse its slice
 	return IPOption{func(c *ipConfig) error {
@@ -56,11 +59,12 @@ func TrustProxies(cidrs ...string) IPOption {
 			if err != nil {
 				return invalid("TrustProxies %q is not an IP network (CIDR) or address", s)
 			}
-			p = p.Masked()
-			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			if a := p.Addr(); a.Is4In6() && p.Bits() < 96 {
+				return invalid("TrustProxies %q: an IPv4-mapped network shorter than /96 holds no IPv4 address", s)
+			} else if a.Is4In6() {
 				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 			}
-			c.trusted = append(c.trusted, p)
+			c.trusted = append(c.trusted, p.Masked())
 		}
 		return nil
 	}}
@@ -162,15 +166,22 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 			return nil, err
 		}
 	}
+	walks := c.header != "" && !c.single && c.hops == 0 // FromXForwardedFor, FromForwarded
 	switch {
 	case c.maxSet && (c.header == "" || c.single):
 		return nil, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
 	case c.hops > c.max:
 		return nil, invalid("%s is more than MaxForwarded %d", c.source, c.max)
-	case c.header != "" && len(c.trusted) == 0:
+	case c.header != "" && len(c.trusted) == 0 && walks:
 		// It would never read its header: behind a load balancer, one bucket for all.
 		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
+			"add TrustProxies with your proxies' networks (or, if they cannot be listed, use TrustedHops(n))", c.source)
+	case c.header != "" && len(c.trusted) == 0:
+		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
 			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.source)
+	case walks && slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }):
+		return nil, invalid("%s with a trusted network of every address (/0): the walk would end at "+
+			"the leftmost element, which the client writes; list your proxies' networks, or use TrustedHops(n)", c.source)
 	}
 	return c, nil
 }

@@ -323,6 +323,15 @@ func TestClientIPInvalidConfig(t *testing.T) {
 		{"Forwarded, trusting nobody", []keyfuncs.IPOption{keyfuncs.FromForwarded()}, "FromForwarded reads"},
 		{"header, trusting nobody", []keyfuncs.IPOption{keyfuncs.FromHeader("X-Real-IP")}, `FromHeader("X-Real-IP") reads`},
 		{"hops, trusting nobody", []keyfuncs.IPOption{keyfuncs.TrustedHops(2)}, "TrustedHops(2) reads"},
+		// The hint for a walk never suggests trusting every address (see below).
+		{"XFF hint", []keyfuncs.IPOption{xff}, "use TrustedHops(n)"},
+		// Trusting every address, a walk would end at the element the client wrote.
+		{"XFF trusting 0.0.0.0/0", []keyfuncs.IPOption{keyfuncs.TrustProxies("10.0.0.0/8", "0.0.0.0/0"), xff}, "FromXForwardedFor with a trusted network of every address"},
+		{"Forwarded trusting ::/0", []keyfuncs.IPOption{keyfuncs.TrustProxies("::/0"), keyfuncs.FromForwarded()}, "FromForwarded with a trusted network of every address"},
+		{"XFF trusting every mapped address", []keyfuncs.IPOption{keyfuncs.TrustProxies("::ffff:0.0.0.0/96"), xff}, "every address"},
+		// It would trust IPv6 addresses (::1), not the IPv4 ones it names.
+		{"short IPv4-mapped network", []keyfuncs.IPOption{keyfuncs.TrustProxies("::ffff:0:0/80"), xff}, `"::ffff:0:0/80": an IPv4-mapped network shorter than /96`},
+		{"short IPv4-mapped network /8", []keyfuncs.IPOption{keyfuncs.TrustProxies("::ffff:10.0.0.0/8"), xff}, "shorter than /96"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -353,8 +362,8 @@ func TestClientIPValidConfig(t *testing.T) {
 		"True-Client-IP lower case":  {keyfuncs.TrustProxies("10.0.0.1"), keyfuncs.FromHeader("true-client-ip")},
 		"bare IPv6 proxy":            {keyfuncs.TrustProxies("2001:db8::1"), keyfuncs.FromXForwardedFor()},
 		"IPv4-mapped bare proxy":     {keyfuncs.TrustProxies("::ffff:10.0.0.1"), keyfuncs.FromXForwardedFor()},
-		"IPv4-mapped network /96":    {keyfuncs.TrustProxies("::ffff:0.0.0.0/96"), keyfuncs.FromXForwardedFor()},
-		"short IPv4-mapped network":  {keyfuncs.TrustProxies("::ffff:0:0/80"), keyfuncs.FromXForwardedFor()},
+		"IPv4-mapped network /104":   {keyfuncs.TrustProxies("::ffff:10.0.0.0/104"), keyfuncs.FromXForwardedFor()},
+		"every peer, by hops":        {keyfuncs.TrustProxies("0.0.0.0/0", "::/0"), keyfuncs.TrustedHops(1)},
 		"header with hops and cap 1": {keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.TrustedHops(1), keyfuncs.MaxForwarded(1)},
 		"TrustProxies, no source":    {keyfuncs.TrustProxies("10.0.0.0/8")},
 	} {
@@ -378,7 +387,7 @@ func TestClientIPValidConfig(t *testing.T) {
 		}
 	})
 	t.Run("IPv4-mapped networks trust IPv4 peers", func(t *testing.T) {
-		for _, nets := range [][]string{{"::ffff:10.0.0.1"}, {"::ffff:0.0.0.0/96"}, {"::ffff:10.0.0.0/104"}} {
+		for _, nets := range [][]string{{"::ffff:10.0.0.1"}, {"::ffff:10.0.0.0/100"}, {"::ffff:10.0.0.0/104"}} {
 			kf := mustClientIP(t, keyfuncs.TrustProxies(nets...), keyfuncs.FromXForwardedFor())
 			for _, peer := range []string{"10.0.0.1:1", "[::ffff:10.0.0.1]:1"} {
 				got, err := kf(headerRequest(peer, "X-Forwarded-For: 198.51.100.1"))
