@@ -77,13 +77,16 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call allow let through, and records its outcome: an error is a failure unless
-// ctx ended (but a probe's), and so is a panic.
+// call runs fn, a store call allow let through, and records its outcome: an error is a failure
+// (and so is a panic) unless ctx was canceled (its client left) or ended before the call (a request
+// late already, as behind an http.TimeoutHandler that fired); a probe's error always is.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
+	end, ok := ctx.Deadline()
+	late := ctx.Err() != nil || ok && !time.Now().Before(end)
 	failed := true // if fn panics or calls runtime.Goexit
 	defer func() { b.done(probe, failed) }()
 	err := fn()
-	failed = err != nil && (probe || !gone(ctx))
+	failed = err != nil && (probe || !gone(ctx) && !late)
 	return err
 }
 

@@ -250,6 +250,69 @@ func TestRedisHungFailOpen(t *testing.T) {
 	t.Logf("limiting resumed %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
 }
 
+// TestRedisHungShortDeadlines: requests whose own deadline is shorter than
+// the budget (http.TimeoutHandler, a router's timeout) get the failure policy
+// when a hung Redis lets it pass, and their failures open the breaker: a
+// deadline that passed is the store's failure, unless it had passed before
+// the store call, or the client left.
+func TestRedisHungShortDeadlines(t *testing.T) {
+	srv, rdb := stoppableRedis(t)
+	var served atomic.Int64
+	newLimiter := func(name string) (*middleware.Limiter, http.Handler) {
+		l := mustNew(t, store.NewRedis(rdb, store.WithKeyPrefix(t.Name()+name+":")), store.PerMinute(1000),
+			middleware.WithTimeout(200*time.Millisecond), middleware.WithBreaker(5, time.Minute), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("hung"))), middleware.WithFailurePolicy(middleware.FailOpen))
+		return l, l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served.Add(1) }))
+	}
+	serve := func(h http.Handler, ctx context.Context) {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	}
+	for _, tt := range []struct {
+		name     string
+		ctx      func() (context.Context, context.CancelFunc)
+		served   int64
+		breaker  middleware.BreakerState
+		failures bool
+	}{
+		{"deadline within the budget", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 80*time.Millisecond)
+		}, 12, middleware.BreakerOpen, true},
+		{"late already", func() (context.Context, context.CancelFunc) {
+			return context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+		}, 12, middleware.BreakerClosed, true},
+		{"short deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 5*time.Millisecond)
+		}, 12, middleware.BreakerOpen, true},
+		{"client left", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(20*time.Millisecond, cancel)
+			return ctx, cancel
+		}, 0, middleware.BreakerClosed, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv.Resume()
+			l, h := newLimiter(tt.name)
+			srv.Pause()
+			served.Store(0)
+			for range 12 {
+				ctx, cancel := tt.ctx()
+				serve(h, ctx)
+				cancel()
+			}
+			if n := served.Load(); n != tt.served {
+				t.Errorf("FailOpen served %d of 12; want %d", n, tt.served)
+			}
+			if s := l.BreakerState(); s != tt.breaker {
+				t.Errorf("breaker %v; want %v", s, tt.breaker)
+			}
+			if n := l.Stats().StoreErrors; (n >= 5) != tt.failures {
+				t.Errorf("StoreErrors %d; want at least 5: %v", n, tt.failures)
+			}
+		})
+	}
+	srv.Resume()
+}
+
 // TestFailLocalHoldsShare: with Redis hung, FailLocal holds each of 4
 // instances (4 app servers) to its share of the limit, and together to the
 // limit.

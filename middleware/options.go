@@ -155,7 +155,9 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // [DefaultBreakerCooldown]; failures 0: none): failures consecutive errors or timeouts open it
 // ([BreakerState]) until a probe succeeds, the first 10 ms after it opened, each next one after
 // twice the last wait, up to cooldown; a probe that fails, panics, is abandoned or outlasts a
-// cooldown fails. Transitions go to the [Observer], or [slog.Default].
+// cooldown fails. A request's own deadline passing counts, unless it had passed before the
+// store call; a client that left does not. Transitions go to the [Observer], or
+// [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
