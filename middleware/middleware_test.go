@@ -463,6 +463,8 @@ func TestNewValidates(t *testing.T) {
 		opts []middleware.Option
 	}{
 		"nil store":       {nil, store.PerSecond(1), nil},
+		"nil *Memory":     {(*store.Memory)(nil), store.PerSecond(1), nil},
+		"nil *Redis":      {(*store.Redis)(nil), store.PerSecond(1), nil},
 		"invalid limit":   {m, store.Limit{Rate: 0, Period: time.Second, Burst: 1}, nil},
 		"zero timeout":    {m, store.PerSecond(1), []middleware.Option{middleware.WithTimeout(0)}},
 		"negative retry":  {m, store.PerSecond(1), []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosedWith(503, -time.Second))}},

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -475,8 +476,13 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Result, error) {
 }
 
 // Validate returns the first unusable option's error (the store ignores
-// that option), or nil.
-func (m *Memory) Validate() error { return m.err }
+// that option), or nil; for a nil *Memory, an error.
+func (m *Memory) Validate() error {
+	if m == nil {
+		return errors.New("store: a nil *Memory: make one with NewMemory")
+	}
+	return m.err
+}
 
 // Len returns the number of live buckets.
 func (m *Memory) Len() int { return int(m.live.Load()) }

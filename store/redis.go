@@ -160,8 +160,12 @@ func (r *Redis) bound(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // Validate returns an error for a nil client, an unusable option (ignored),
-// or a client that does not end calls at the context's deadline.
+// or a client that does not end calls at the context's deadline; for a nil
+// *Redis, an error.
 func (r *Redis) Validate() error {
+	if r == nil {
+		return errors.New("store: a nil *Redis: make one with NewRedis")
+	}
 	if r.client == nil {
 		return fmt.Errorf("store: %w", errNilClient)
 	}
