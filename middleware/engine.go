@@ -137,19 +137,21 @@ func (l *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		l.refuseUnrated(w, r, next, fmt.Errorf("middleware: %s: key: %w", p.policies[len(q.subjects)-1].name, err))
 		return
 	}
+	for i := range p.policies {
+		if q.subjects[i] == "" && (c.observer != nil || c.allowKeys != nil) {
+			q.subjects[i] = string(q.subject(i)) // the peer's address
+		}
+		if c.allowKeys[q.subjects[i]] { // as a skip rule: before the cost
+			l.pass(w, r, next, q.subjects[i])
+			return
+		}
+	}
 	if c.cost != nil {
 		q.cost = c.cost(r)
 	}
 	for i := range p.policies {
 		if pol := &p.policies[i]; q.cost < 0 || q.cost > pol.limit.Burst {
 			l.refuseUnrated(w, r, next, fmt.Errorf("%w: %s: cost %d outside [0, %d]", ErrCostOutOfRange, pol.name, q.cost, pol.limit.Burst))
-			return
-		}
-		if q.subjects[i] == "" && (c.observer != nil || c.allowKeys != nil) {
-			q.subjects[i] = string(q.subject(i)) // the peer's address
-		}
-		if c.allowKeys[q.subjects[i]] {
-			l.pass(w, r, next, q.subjects[i])
 			return
 		}
 	}

@@ -479,6 +479,36 @@ func TestNewMultiValidates(t *testing.T) {
 	}
 }
 
+// An allow-listed key passes as a skip rule does: before its cost, which
+// is neither asked for nor checked against a Burst.
+func TestAllowListBeforeCost(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	var costs atomic.Int64
+	opts := []middleware.Option{middleware.WithAllowList("user:admin"), middleware.WithKeyFunc(userKey),
+		middleware.WithCost(func(*http.Request) int { costs.Add(1); return 5 })}
+	l := mustNew(t, m, store.PerSecond(2), opts...)
+	mp, err := middleware.NewMulti(m, []middleware.Policy{{Name: "a", Limit: store.PerSecond(10)}, {Name: "b", Limit: store.PerSecond(2)}}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range map[string]http.Handler{"Limiter": l.Handler(okHandlerFunc), "Multi": mp.Handler(okHandlerFunc)} {
+		for _, tc := range []struct {
+			user string
+			code int
+		}{{"admin", 200}, {"ann", 400}} {
+			costs.Store(0)
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.Header.Set("X-User", tc.user)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if want := int64(0); tc.user == "admin" && costs.Load() != want || w.Code != tc.code {
+				t.Errorf("%s, %s, cost 5 over a Burst of 2: %d, cost asked %d times; want %d", name, tc.user, w.Code, costs.Load(), tc.code)
+			}
+		}
+	}
+}
+
 func TestAllowListParsing(t *testing.T) {
 	m := store.NewMemory()
 	defer m.Close()
