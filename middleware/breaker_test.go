@@ -357,6 +357,47 @@ func TestFailLocalHoldsShare(t *testing.T) {
 	t.Logf("FailLocal, 4 instances, limit 40/min, Redis hanging: each allowed 10 of 50, together %d (limit 40)", total)
 }
 
+// A request costing more than a FailLocalShare's burst takes all of it, not
+// none (it was served unlimited): limit 10/min burst 10 over 4 replicas is a
+// local burst of 2, and a cost of 5 is allowed once, then refused.
+func TestFailLocalShareCostOverShare(t *testing.T) {
+	fs := &flakyStore{Store: &timedStore{}}
+	fs.down.Store(true)
+	for name, opts := range map[string][]middleware.Option{
+		"Limiter": nil,
+		"Multi":   {middleware.WithName("m")},
+	} {
+		opts = append(opts, middleware.WithFailurePolicy(middleware.FailLocalShare(4)), quiet,
+			middleware.WithKeyFunc(mustKey(keyfuncs.Static("everyone"))), middleware.WithCost(func(*http.Request) int { return 5 }))
+		var h http.Handler
+		if name == "Limiter" {
+			h = mustNew(t, fs, store.PerMinute(10), opts...).Handler(okHandler)
+		} else {
+			m, err := middleware.NewMulti(&multiFailing{}, []middleware.Policy{{Name: "a", Limit: store.PerMinute(10)}, {Name: "b", Limit: store.PerMinute(100)}}, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h = m.Handler(okHandler)
+		}
+		var codes []int
+		for range 4 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			codes = append(codes, w.Code)
+		}
+		if !slices.Equal(codes, []int{200, 429, 429, 429}) {
+			t.Errorf("%s: cost 5 over a local burst of 2, store down: %v; want [200 429 429 429]", name, codes)
+		}
+	}
+}
+
+// multiFailing is a MultiStore that is down.
+type multiFailing struct{ timedStore }
+
+func (*multiFailing) TakeAll(context.Context, []store.Request) ([]store.Result, error) {
+	return nil, errors.New("store down")
+}
+
 // With default options, a stall of Redis longer than the budget does not
 // open the gate: a flood during it gets at most the limit's own allowance
 // on this server (a burst, then the rate), decided locally, and Redis

@@ -213,7 +213,7 @@ func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Han
 			return true
 		}
 	}
-	next.ServeHTTP(w, r) // unlimited, also a cost a local share cannot hold
+	next.ServeHTTP(w, r) // unlimited
 	return false
 }
 
@@ -319,8 +319,8 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 		reqs := make([]store.Request, len(pols))
 		for i := range reqs {
 			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: pols[i].limit, Cost: q.cost, MaxDelay: delay}
-			if local {
-				reqs[i].Limit = pols[i].local
+			if local { // a cost over a share's burst takes all of it
+				reqs[i].Limit, reqs[i].Cost = pols[i].local, min(q.cost, pols[i].local.Burst)
 			}
 		}
 		res, err := s.(store.MultiStore).TakeAll(ctx, reqs)
@@ -329,19 +329,19 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 		}
 		return err
 	}
-	key, lim := q.keyOf(0), pols[0].limit
+	key, lim, cost := q.keyOf(0), pols[0].limit, q.cost
 	if local {
-		lim = pols[0].local
+		lim, cost = pols[0].local, min(cost, pols[0].local.Burst)
 	}
 	var res store.Result
 	var err error
 	switch m, ok := s.(*store.Memory); {
 	case delay > 0:
-		res, err = s.(store.Delayer).TakeDelayed(ctx, string(key), lim, q.cost, delay)
+		res, err = s.(store.Delayer).TakeDelayed(ctx, string(key), lim, cost, delay)
 	case ok: // reads the key's bytes, which the caller reuses after
-		res, err = m.TakeBytes(ctx, key, lim, q.cost)
+		res, err = m.TakeBytes(ctx, key, lim, cost)
 	default: // a copy: Redis hands its key to a client that can outlive the call
-		res, err = s.Take(ctx, string(key), lim, q.cost)
+		res, err = s.Take(ctx, string(key), lim, cost)
 	}
 	if !mirror {
 		q.res = append(q.res[:0], res)

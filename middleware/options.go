@@ -56,7 +56,8 @@ func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
 }
 
 // FailLocalShare is [FailLocal] for a limit shared by replicas servers: each allows 1/replicas of the
-// rate and of the burst (at least 1 token) on its own. Below 1, it is an error of [WithFailurePolicy].
+// rate and of the burst (at least 1 token) on its own; a request costing more than that burst takes
+// all of it. Below 1, it is an error of [WithFailurePolicy].
 func FailLocalShare(replicas int) FailurePolicy {
 	return FailurePolicy{kind: failLocal, replicas: replicas,
 		err: failIf(replicas < 1, "FailLocalShare: %d replicas: at least 1", replicas)}
