@@ -112,7 +112,9 @@ func failIf(bad bool, format string, args ...any) error {
 
 // WithName sets the limiter's name, printable ASCII without '{', '}' or ':', which names its buckets
 // and its RateLimit policy (see the package doc). The default, such as "100-per-1m@9c1d02e7", is
-// [DefaultName] and a hash of where [New] was called and how many limiters that place made before.
+// [DefaultName] and a hash of where [New] was called and how many limiters that place made before:
+// name limiters made in a loop, a helper or per tenant, whose order can differ between replicas,
+// and any whose buckets must outlive an edit that moves the call.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
