@@ -179,7 +179,8 @@ func WithDelay(max time.Duration) Option {
 // WithDenyCache makes the limiter remember the store's denials of up to maxKeys keys (default 0:
 // off; about 150 bytes each): a key denied at cost c is refused without a store call at cost c or
 // more until the store's Retry-After, then one request probes the store. A bucket reset in the
-// store stays refused here ([Limiter.Forget]). Dry-run mode does not use it.
+// store stays refused here ([Limiter.Forget]). Dry-run mode does not use it; a window quota is an
+// error of [New].
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }
@@ -237,14 +238,16 @@ func WithRefund(rule func(r *http.Request, status int) bool) Option {
 type Penalty struct {
 	Strikes int           // the strikes that block a key, at least 1
 	Within  time.Duration // they count in a bucket of Strikes refilled over Within
-	Block   time.Duration // how long a blocked key is refused
+	Block   time.Duration // how long a blocked key is refused beyond what its bucket owed
 	// Failed, if set, makes a served request it is true for a strike too (a 401 login).
 	Failed func(r *http.Request, status int) bool
 }
 
 // WithPenalty puts a key in a penalty box (default: none): once Strikes of its requests within about
 // Within were refused (429) or, with Failed, failed, its buckets refuse every request that costs
-// tokens for Block (plus the WithDelay wait), then refill at the rate. On a [Multi] the key is the
+// tokens for Block on top of their debt (up to Burst*Period/Rate for a bucket refused already) and
+// the WithDelay wait, then refill at the rate from empty: a 15-minute Block on PerHour(5) refuses
+// for up to 15 + 60 + 12 minutes. On a [Multi] the key is the
 // first policy's subject, whose policies alone are blocked and strikes. The block is the buckets'
 // state ([store.Admin].Block), seen by every server and this one's FailLocal share; it counts no
 // strikes and gets no refunds (with refunds or Failed, one more store call reads the bucket). A

@@ -3,8 +3,9 @@
 //
 //   - POST /login: 5 per minute per client IP, failing closed (503) when
 //     Redis cannot answer: a login form must not go unlimited.
-//   - /api/...: 100 per minute per client IP, failing open: an ordinary API
-//     keeps serving when Redis is down.
+//   - /api/...: 100 per minute per client IP, falling back to local
+//     per-server limits (FailLocal, the default) when Redis is down: an
+//     ordinary API keeps serving, still limited.
 //   - /me/...: 60 per minute per authenticated user, after an auth middleware
 //     that puts the user id in the request context.
 //
