@@ -497,13 +497,8 @@ func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) 
 			return policy{}, fmt.Errorf("middleware: tier %q: policy %q: printable ASCII without '{', '}', ':' or '/'", tier, name)
 		}
 	}
-	for _, o := range []struct {
-		on   bool
-		name string
-	}{{c.delay > 0, "WithDelay"}, {c.penalty != nil, "WithPenalty"}, {c.denyKeys > 0, "WithDenyCache"}} {
-		if o.on && limit.Window != nil {
-			return policy{}, fmt.Errorf("middleware: %s: policy %q is a window quota (%v), not a token bucket: it cannot be delayed, blocked or deny-cached", o.name, name, limit)
-		}
+	if limit.Window != nil && (c.delay > 0 || c.penalty != nil || c.denyKeys > 0) {
+		return policy{}, fmt.Errorf("middleware: WithDelay, WithPenalty or WithDenyCache: policy %q is a window quota (%v), not a token bucket", name, limit)
 	}
 	if err := limit.ValidateDelay(c.delay); err != nil {
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)

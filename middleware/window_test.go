@@ -129,7 +129,7 @@ func TestWindowQuotaLimiter(t *testing.T) {
 		"WithPenalty":   middleware.WithPenalty(middleware.Penalty{Strikes: 5, Within: time.Minute, Block: 15 * time.Minute}),
 		"WithDenyCache": middleware.WithDenyCache(100), // accepted, it did nothing
 	} {
-		want := name + `: policy "day" is a window quota`
+		want := `WithDenyCache: policy "day" is a window quota`
 		if _, err := middleware.New(m, store.PerDayIn(5, nil), opt, middleware.WithName("day")); err == nil || !strings.Contains(err.Error(), "token bucket") || !strings.Contains(err.Error(), want) {
 			t.Errorf("New with a daily quota and %s: %v; want an error saying %q, naming token buckets", name, err, want)
 		}
