@@ -23,7 +23,8 @@ const DefaultKeyPrefix = "tollgate:"
 // Redis's clock; EVAL if Redis lacks the script), batched with concurrent
 // ones; a restart without persistence refills every bucket. It takes a
 // go-redis Client (single node or Sentinel), ClusterClient or Ring with
-// ContextTimeoutEnabled, and is safe for concurrent use. Call [NewRedis].
+// ContextTimeoutEnabled (and no ReadTimeout or WriteTimeout of -2, which
+// turns deadlines off), and is safe for concurrent use. Call [NewRedis].
 // If the client retries (MaxRetries), a call ends once its reply is later
 // than the client's ReadTimeout or WriteTimeout (a call that cannot be
 // canceled, as under Background, from 15/16 of that): a copy sent then
@@ -172,19 +173,25 @@ func (r *Redis) Validate() error {
 	if r.err != nil {
 		return r.err
 	}
-	var ok bool
+	var ok, off bool // off: socket deadlines turned off (-2, kept as -1 by a Client, -2 by the others)
 	switch c := r.client.(type) {
 	case *redis.Client: // also what NewFailoverClient returns
-		ok = c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		ok, off = o.ContextTimeoutEnabled, o.ReadTimeout < 0 || o.WriteTimeout < 0
 	case *redis.ClusterClient:
-		ok = c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		ok, off = o.ContextTimeoutEnabled, o.ReadTimeout < 0 || o.WriteTimeout < 0
 	case *redis.Ring:
-		ok = c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		ok, off = o.ContextTimeoutEnabled, o.ReadTimeout < -1 || o.WriteTimeout < -1
 	default:
 		return fmt.Errorf("store: NewRedis was given a %T, whose deadlines it cannot check: use a go-redis Client, ClusterClient or Ring", r.client)
 	}
 	if !ok {
 		return errors.New("store: the Redis client does not end calls at the context's deadline: set ContextTimeoutEnabled: true in its options (redis.Options, ClusterOptions, RingOptions, FailoverOptions or UniversalOptions)")
+	}
+	if off {
+		return errors.New("store: the Redis client's ReadTimeout or WriteTimeout of -2 turns its socket deadlines off, so no call ends at the context's deadline: use -1 (the context's deadline alone) or a positive timeout")
 	}
 	return nil
 }
