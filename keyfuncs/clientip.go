@@ -28,6 +28,7 @@ type IPOption struct {
 // ipConfig finds the client address of a request and keys it; immutable once built.
 type ipConfig struct {
 	trusted []netip.Prefix // masked; IPv4-mapped networks unmapped
+	unix    bool           // a peer on a Unix socket is trusted
 	header  string         // the source's header; "" for none (the peer)
 	single  bool           // header holds one address, not a list
 	hops    int            // > 0: the client is hop n of X-Forwarded-For
@@ -42,9 +43,10 @@ type ipConfig struct {
 // and [FromXForwardedFor] and [FromForwarded] skip the addresses inside them.
 // Calls add up; none is trusted by default. IPv4 and IPv6 are distinct
 // ("::/0" holds no IPv4 address); IPv4-mapped networks (/96 or longer) are
-// read as IPv4. A client inside a trusted network can choose its key: with
-// those two sources a network of every address ("0.0.0.0/0", "::/0") is an
-// error, as the walk would end at the element the client wrote.
+// read as IPv4. A client inside a trusted network can choose its key (with
+// those two sources, trusting every address, /0, is an error). "unix" trusts
+// a peer on a Unix socket (RemoteAddr "@", "" or a path), as nginx on the
+// same host: having no address, it is no request's key.
 func TrustProxies(cidrs ...string) IPOption {
 	cidrs = slices.Clone(cidrs) // the caller may reuse its slice
 	return IPOption{func(c *ipConfig) error {
@@ -52,6 +54,10 @@ func TrustProxies(cidrs ...string) IPOption {
 			return invalid("TrustProxies needs at least one network")
 		}
 		for _, s := range cidrs {
+			if s == "unix" {
+				c.unix = true
+				continue
+			}
 			p, err := netip.ParsePrefix(s)
 			if a, aerr := netip.ParseAddr(s); aerr == nil && a.Zone() == "" {
 				p, err = netip.PrefixFrom(a, a.BitLen()), nil // a bare address
@@ -172,13 +178,12 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 		return nil, invalid("MaxForwarded needs FromXForwardedFor, FromForwarded or TrustedHops")
 	case c.hops > c.max:
 		return nil, invalid("%s is more than MaxForwarded %d", c.source, c.max)
-	case c.header != "" && len(c.trusted) == 0 && walks:
-		// It would never read its header: behind a load balancer, one bucket for all.
-		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
-			"add TrustProxies with your proxies' networks (or, if they cannot be listed, use TrustedHops(n))", c.source)
-	case c.header != "" && len(c.trusted) == 0:
-		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: "+
-			"add TrustProxies with your load balancer's networks (TrustProxies(\"0.0.0.0/0\", \"::/0\") if every peer is one)", c.source)
+	case c.header != "" && len(c.trusted) == 0 && !c.unix: // one bucket for all behind a load balancer
+		hint := `your load balancer's networks (TrustProxies("0.0.0.0/0", "::/0") if every peer is one)`
+		if walks { // trusting every address, a walk would end at the client's own element
+			hint = "your proxies' networks (or, if they cannot be listed, use TrustedHops(n))"
+		}
+		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: add TrustProxies with %s", c.source, hint)
 	case walks && slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }):
 		return nil, invalid("%s with a trusted network of every address (/0): the walk would end at "+
 			"the leftmost element, which the client writes; list your proxies' networks, or use TrustedHops(n)", c.source)
@@ -276,22 +281,24 @@ var errNoClientIP = fmt.Errorf("keyfuncs: %w: no client IP in the request contex
 // sameAs reports whether c and o resolve every request alike.
 func (c *ipConfig) sameAs(o *ipConfig) bool {
 	return c == o || c.header == o.header && c.single == o.single && c.hops == o.hops &&
-		c.max == o.max && slices.Equal(c.trusted, o.trusted)
+		c.max == o.max && c.unix == o.unix && slices.Equal(c.trusted, o.trusted)
 }
 
 func (c *ipConfig) isTrusted(addr netip.Addr) bool {
 	return slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Contains(addr) })
 }
 
-// resolve returns the client address of r, or false if RemoteAddr does not parse.
+// resolve returns the client address of r, or false if it has none (as a Unix socket peer).
 func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseAddr(r.RemoteAddr)
-	if !ok || c.header == "" || !c.isTrusted(peer) {
+	unix := c.unix && (r.RemoteAddr == "" || r.RemoteAddr[0] == '@' || r.RemoteAddr[0] == '/')
+	if c.header == "" || !unix && (!ok || !c.isTrusted(peer)) {
 		return peer, ok
 	}
 	lines := r.Header[c.header]
 	if !c.single {
-		return c.walk(lines, peer), true
+		addr := c.walk(lines, peer)
+		return addr, addr.IsValid()
 	}
 	// The last field line is the one the proxy wrote.
 	if n := len(lines); n > 0 && len(lines[n-1]) <= maxForwardedBytes {
@@ -299,7 +306,7 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 			return addr, true
 		}
 	}
-	return peer, true
+	return peer, ok
 }
 
 // walk returns the address that a list header's lines name, or peer; so does an

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -1129,4 +1132,63 @@ func referenceXFF(lines []string, peer netip.Addr, trusted []netip.Prefix, hops,
 		return peer
 	}
 	return last
+}
+
+// A proxy on the same host that reaches the server over a Unix socket
+// (nginx's proxy_pass http://unix:...) is trusted by "unix": the peer has no
+// address, so its header names the client, or the request has no key.
+func TestClientIPUnixSocketPeer(t *testing.T) {
+	real := mustClientIP(t, keyfuncs.TrustProxies("unix"), keyfuncs.FromHeader("X-Real-IP"))
+	xff := mustClientIP(t, keyfuncs.TrustProxies("unix", "10.0.0.0/8"), keyfuncs.FromXForwardedFor())
+	untrusted := mustClientIP(t, keyfuncs.TrustProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Real-IP"))
+	for _, tc := range []struct {
+		name string
+		kf   keyfuncs.KeyFunc
+		r    *http.Request
+		want string // "" for ErrNoKey
+	}{
+		{"X-Real-IP, Linux's unnamed peer", real, headerRequest("@", "X-Real-IP: 198.51.100.7"), "ip:198.51.100.7"},
+		{"X-Real-IP, macOS's unnamed peer", real, headerRequest("", "X-Real-IP: 198.51.100.7"), "ip:198.51.100.7"},
+		{"X-Real-IP, a named peer", real, headerRequest("/run/nginx.sock", "X-Real-IP: 198.51.100.7"), "ip:198.51.100.7"},
+		{"no header", real, headerRequest("@"), ""},
+		{"malformed header", real, headerRequest("@", "X-Real-IP: 198.51.100.7, 1.2.3.4"), ""},
+		{"XFF past trusted proxies", xff, headerRequest("@", "X-Forwarded-For: 6.6.6.6, 203.0.113.9, 10.0.0.2"), "ip:203.0.113.9"},
+		{"XFF malformed", xff, headerRequest("@", "X-Forwarded-For: 203.0.113.9, garbage"), ""},
+		{"a TCP peer is not trusted by unix", real, headerRequest("192.0.2.1:5", "X-Real-IP: 198.51.100.7"), "ip:192.0.2.1"},
+		{"a Unix peer without unix trust", untrusted, headerRequest("@", "X-Real-IP: 198.51.100.7"), ""},
+	} {
+		got, err := tc.kf(tc.r)
+		if tc.want == "" && (!errors.Is(err, keyfuncs.ErrNoKey) || got != "") || tc.want != "" && (err != nil || got != tc.want) {
+			t.Errorf("%s: %q, %v; want %q (empty: ErrNoKey)", tc.name, got, err, tc.want)
+		}
+	}
+
+	// Over a real Unix socket.
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Skipf("no Unix sockets here: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, err := real(r)
+		fmt.Fprintf(w, "%s %v", key, err)
+	}))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", ln.Addr().String())
+	}}}
+	defer client.CloseIdleConnections()
+	req, _ := http.NewRequest("GET", "http://nginx/", nil)
+	req.Header.Set("X-Real-IP", "198.51.100.7")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if string(body) != "ip:198.51.100.7 <nil>" {
+		t.Errorf("over a Unix socket: %q; want the header's client", body)
+	}
 }

@@ -81,8 +81,7 @@ func (b *breaker) allow() (call, probe bool) {
 // (and so is a panic) unless ctx was canceled (its client left) or ended before the call (a request
 // late already, as behind an http.TimeoutHandler that fired); a probe's error always is.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
-	end, ok := ctx.Deadline()
-	late := ctx.Err() != nil || ok && !time.Now().Before(end)
+	late := ctx.Err() != nil
 	failed := true // if fn panics or calls runtime.Goexit
 	defer func() { b.done(probe, failed) }()
 	err := fn()

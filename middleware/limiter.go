@@ -252,9 +252,8 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 }
 
-// gone reports whether ctx was canceled: its client left. A deadline that passed is not that: a
-// store that did not answer within it failed (and a wrapper such as http.TimeoutHandler may still
-// answer the client).
+// gone reports whether ctx was canceled: its client left. A deadline that passed is the store's
+// failure (and a wrapper such as http.TimeoutHandler may still answer the client).
 func gone(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
 
 // NextToken returns RateLimit's t: the time to res's next whole token (0 if full); a window's res.Next.

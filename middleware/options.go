@@ -246,12 +246,12 @@ type Penalty struct {
 // WithPenalty puts a key in a penalty box (default: none): once Strikes of its requests within about
 // Within were refused (429) or, with Failed, failed, its buckets refuse every request that costs
 // tokens for Block on top of their debt (up to Burst*Period/Rate for a bucket refused already) and
-// the WithDelay wait, then refill at the rate from empty: a 15-minute Block on PerHour(5) refuses
-// for up to 15 + 60 + 12 minutes. On a [Multi] the key is the
-// first policy's subject, whose policies alone are blocked and strikes. The block is the buckets'
-// state ([store.Admin].Block), seen by every server and this one's FailLocal share; it counts no
-// strikes and gets no refunds (with refunds or Failed, one more store call reads the bucket). A
-// strike is a store call, lost if it fails; the failure policy and dry-run count none.
+// the WithDelay wait, then refill at the rate from empty (Block 15m on PerHour(5): up to 87m). On a
+// [Multi] the key is the first policy's subject, whose policies alone are blocked and strikes. The
+// block is the buckets' state ([store.Admin].Block), seen by every server and this one's FailLocal
+// share; it counts no strikes and gets no refunds (with refunds or Failed, one more store call
+// reads the bucket). A strike is a store call, lost if it fails; the failure policy and dry-run
+// count none.
 func WithPenalty(p Penalty) Option {
 	err := p.strikes().Validate()
 	return option(cmp.Or(failIf(p.Strikes < 1 || p.Within <= 0 || p.Block <= 0,
