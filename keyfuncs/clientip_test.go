@@ -963,6 +963,7 @@ func FuzzClientIP(f *testing.F) {
 		{1, proxy, "010.1.1.1"},
 		{1, proxy, strings.Repeat("10.0.0.3,", 1000) + "198.51.100.1"},
 		{1, "garbage", "198.51.100.1"},
+		{1, "[::ffff:172.17.0.0]", "::% 0"}, // a zone with a space: garbage, the peer
 	} {
 		f.Add(s.mode, s.remoteAddr, s.value)
 	}

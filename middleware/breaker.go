@@ -77,9 +77,8 @@ func (b *breaker) allow() (call, probe bool) {
 	return false, false
 }
 
-// call runs fn, a store call allow let through, and records its outcome: an error is a failure
-// (and so is a panic) unless ctx was canceled (its client left) or ended before the call (a request
-// late already, as behind an http.TimeoutHandler that fired); a probe's error always is.
+// call runs fn, a store call allow let through, and records its outcome: an error or a panic is a
+// failure unless ctx was canceled (its client left) or had ended before the call; a probe's is.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
 	late := ctx.Err() != nil
 	failed := true // if fn panics or calls runtime.Goexit
