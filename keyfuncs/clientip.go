@@ -302,7 +302,7 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	}
 	// The last field line is the one the proxy wrote.
 	if n := len(lines); n > 0 && len(lines[n-1]) <= maxForwardedBytes {
-		if addr, ok := parseAddr(trimOWS(lines[n-1])); ok {
+		if addr, ok := headerAddr(trimOWS(lines[n-1])); ok {
 			return addr, true
 		}
 	}
@@ -312,7 +312,7 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 // walk returns the address that a list header's lines name, or peer; so does an
 // element at the edge of the read, which may be cut ("11.2.3.4" to "1.2.3.4").
 func (c *ipConfig) walk(lines []string, peer netip.Addr) netip.Addr {
-	lastComma, parse := lastListComma, parseAddr
+	lastComma, parse := lastListComma, headerAddr
 	if c.header == headerForwarded {
 		lastComma, parse = lastElementComma, forwardedFor
 	}
@@ -431,7 +431,17 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 		}
 		node = host
 	}
-	return parseAddr(node)
+	return headerAddr(node)
+}
+
+// headerAddr is parseAddr for a header's element, whose zone, if any, is a token (RemoteAddr's
+// may be a Windows adapter name with spaces): "::% 0" named the client ::.
+func headerAddr(s string) (netip.Addr, bool) {
+	_, zone, _ := strings.Cut(s, "%")
+	if strings.ContainsFunc(zone, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune(`",;=`, r) }) {
+		return netip.Addr{}, false
+	}
+	return parseAddr(s)
 }
 
 // isObfuscatedChar reports whether c may follow the '_' of an obfuscated port.

@@ -169,8 +169,7 @@ func parseAddr(s string) (netip.Addr, bool) {
 	// netip.ParseAddr would intern the zone, only for us to drop it.
 	host, zone, zoned := strings.Cut(host, "%")
 	addr, err := netip.ParseAddr(host)
-	badZone := zoned && (zone == "" || strings.ContainsFunc(zone, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune(`",;=`, r) }))
-	if err != nil || badZone || addr.Is4() && (zoned || bracketed) {
+	if err != nil || zoned && zone == "" || addr.Is4() && (zoned || bracketed) {
 		return netip.Addr{}, false
 	}
 	return addr.Unmap(), true
