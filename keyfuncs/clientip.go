@@ -179,11 +179,8 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 	case c.hops > c.max:
 		return nil, invalid("%s is more than MaxForwarded %d", c.source, c.max)
 	case c.header != "" && len(c.trusted) == 0 && !c.unix: // one bucket for all behind a load balancer
-		hint := `your load balancer's networks (TrustProxies("0.0.0.0/0", "::/0") if every peer is one)`
-		if walks { // trusting every address, a walk would end at the client's own element
-			hint = "your proxies' networks (or, if they cannot be listed, use TrustedHops(n))"
-		}
-		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: add TrustProxies with %s", c.source, hint)
+		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: add TrustProxies "+
+			"with your proxies' networks (if they cannot be listed: TrustedHops(n), or a FromHeader they all overwrite)", c.source)
 	case walks && slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }):
 		return nil, invalid("%s with a trusted network of every address (/0): the walk would end at "+
 			"the leftmost element, which the client writes; list your proxies' networks, or use TrustedHops(n)", c.source)
@@ -302,7 +299,7 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 	}
 	// The last field line is the one the proxy wrote.
 	if n := len(lines); n > 0 && len(lines[n-1]) <= maxForwardedBytes {
-		if addr, ok := headerAddr(trimOWS(lines[n-1])); ok {
+		if addr, ok := parseAddr(trimOWS(lines[n-1])); ok {
 			return addr, true
 		}
 	}
@@ -312,7 +309,7 @@ func (c *ipConfig) resolve(r *http.Request) (netip.Addr, bool) {
 // walk returns the address that a list header's lines name, or peer; so does an
 // element at the edge of the read, which may be cut ("11.2.3.4" to "1.2.3.4").
 func (c *ipConfig) walk(lines []string, peer netip.Addr) netip.Addr {
-	lastComma, parse := lastListComma, headerAddr
+	lastComma, parse := lastListComma, parseAddr
 	if c.header == headerForwarded {
 		lastComma, parse = lastElementComma, forwardedFor
 	}
@@ -431,17 +428,7 @@ func forwardedFor(elem string) (netip.Addr, bool) {
 		}
 		node = host
 	}
-	return headerAddr(node)
-}
-
-// headerAddr is parseAddr for a header's element, whose zone, if any, is a token (RemoteAddr's
-// may be a Windows adapter name with spaces): "::% 0" named the client ::.
-func headerAddr(s string) (netip.Addr, bool) {
-	_, zone, _ := strings.Cut(s, "%")
-	if strings.ContainsFunc(zone, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune(`",;=`, r) }) {
-		return netip.Addr{}, false
-	}
-	return parseAddr(s)
+	return parseAddr(node)
 }
 
 // isObfuscatedChar reports whether c may follow the '_' of an obfuscated port.
