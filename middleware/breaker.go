@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -43,6 +44,7 @@ func (s BreakerState) String() string {
 type breaker struct {
 	threshold int64
 	cooldown  time.Duration
+	fair      time.Duration // a call given this long that ctx's deadline ends failed
 	onChange  func(from, to BreakerState)
 
 	state    atomic.Int32 // BreakerState
@@ -78,13 +80,14 @@ func (b *breaker) allow() (call, probe bool) {
 }
 
 // call runs fn, a store call allow let through, and records its outcome: an error or a panic is a
-// failure unless ctx was canceled (its client left) or had ended before the call; a probe's is.
+// failure unless ctx ended, but a probe's, or a deadline's that left the call b.fair or more.
 func (b *breaker) call(ctx context.Context, probe bool, fn func() error) error {
-	late := ctx.Err() != nil
+	end, ok := ctx.Deadline()
+	fair := ok && time.Until(end) >= b.fair
 	failed := true // if fn panics or calls runtime.Goexit
 	defer func() { b.done(probe, failed) }()
 	err := fn()
-	failed = err != nil && (probe || !gone(ctx) && !late)
+	failed = err != nil && (probe || !gone(ctx) || fair && !errors.Is(ctx.Err(), context.Canceled))
 	return err
 }
 

@@ -251,10 +251,13 @@ func TestRedisHungFailOpen(t *testing.T) {
 }
 
 // TestRedisHungShortDeadlines: requests whose own deadline is shorter than
-// the budget (http.TimeoutHandler, a router's timeout) get the failure policy
-// when a hung Redis lets it pass, and their failures open the breaker: a
-// deadline that passed is the store's failure, unless it had passed before
-// the store call, or the client left.
+// the budget (http.TimeoutHandler, a router's timeout) open the breaker when
+// a hung Redis lets it pass, so that later ones get the failure policy at
+// once: a deadline that left the call a quarter of the budget or more is the
+// store's failure. One that left less (had passed already, or a client's
+// short one, on a healthy Redis too) is not, nor is a client that left; and
+// a request whose own context ended is not answered (FailOpen does not serve
+// it: a late request is no way past the limit).
 func TestRedisHungShortDeadlines(t *testing.T) {
 	srv, rdb := stoppableRedis(t)
 	var served atomic.Int64
@@ -267,39 +270,48 @@ func TestRedisHungShortDeadlines(t *testing.T) {
 	serve := func(h http.Handler, ctx context.Context) {
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
 	}
+	late := func() (context.Context, context.CancelFunc) {
+		return context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	}
+	short := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 20*time.Microsecond)
+	}
 	for _, tt := range []struct {
 		name     string
+		healthy  bool
 		ctx      func() (context.Context, context.CancelFunc)
-		served   int64
+		served   int64 // -1: any
 		breaker  middleware.BreakerState
 		failures bool
 	}{
-		{"deadline within the budget", func() (context.Context, context.CancelFunc) {
+		{"deadline within the budget", false, func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 80*time.Millisecond)
-		}, 12, middleware.BreakerOpen, true},
-		{"late already", func() (context.Context, context.CancelFunc) {
-			return context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
-		}, 12, middleware.BreakerClosed, true},
-		{"short deadline", func() (context.Context, context.CancelFunc) {
+		}, 7, middleware.BreakerOpen, true}, // 5 failures, then the open breaker's FailOpen
+		{"late already", false, late, 0, middleware.BreakerClosed, false},
+		{"short deadline", false, func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 5*time.Millisecond)
-		}, 12, middleware.BreakerOpen, true},
-		{"client left", func() (context.Context, context.CancelFunc) {
+		}, 0, middleware.BreakerClosed, false},
+		{"client left", false, func() (context.Context, context.CancelFunc) {
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(20*time.Millisecond, cancel)
 			return ctx, cancel
 		}, 0, middleware.BreakerClosed, false},
+		{"healthy, late already", true, late, 0, middleware.BreakerClosed, false},
+		{"healthy, 20µs deadlines", true, short, -1, middleware.BreakerClosed, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv.Resume()
 			l, h := newLimiter(tt.name)
-			srv.Pause()
+			if !tt.healthy {
+				srv.Pause()
+			}
 			served.Store(0)
 			for range 12 {
 				ctx, cancel := tt.ctx()
 				serve(h, ctx)
 				cancel()
 			}
-			if n := served.Load(); n != tt.served {
+			if n := served.Load(); tt.served >= 0 && n != tt.served {
 				t.Errorf("FailOpen served %d of 12; want %d", n, tt.served)
 			}
 			if s := l.BreakerState(); s != tt.breaker {

@@ -497,8 +497,10 @@ func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) 
 			return policy{}, fmt.Errorf("middleware: tier %q: policy %q: printable ASCII without '{', '}', ':' or '/'", tier, name)
 		}
 	}
-	if limit.Window != nil && (c.delay > 0 || c.penalty != nil || c.denyKeys > 0) {
-		return policy{}, fmt.Errorf("middleware: WithDelay, WithPenalty or WithDenyCache: policy %q is a window quota (%v), not a token bucket", name, limit)
+	for opt, on := range map[string]bool{"WithDelay": c.delay > 0, "WithPenalty": c.penalty != nil} {
+		if on && limit.Window != nil {
+			return policy{}, fmt.Errorf("middleware: %s: policy %q is a window quota (%v), not a token bucket", opt, name, limit)
+		}
 	}
 	if err := limit.ValidateDelay(c.delay); err != nil {
 		return policy{}, fmt.Errorf("middleware: WithDelay: %w", err)
@@ -649,8 +651,8 @@ func (l *Limiter) giveBack(r *http.Request, q *request, notOwn bool) {
 			continue
 		}
 		key := string(q.keyOf(i))
-		if l.local != nil && !q.local { // the mirror took them too
-			l.local.Refund(ctx, key, pol.local, q.cost)
+		if l.local != nil && !q.local { // the mirror took them too, at most a share's burst
+			l.local.Refund(ctx, key, pol.local, min(q.cost, pol.local.Burst))
 		}
 		if _, err := l.store.(store.Refunder).Refund(ctx, key, pol.limit, q.cost); err != nil { // checked by New
 			failed(err)

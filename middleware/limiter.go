@@ -116,7 +116,8 @@ func newLimiter(s store.Store, t Tiers, opts []Option, tagged bool) (*Limiter, e
 	}
 	if !mem { // the breaker and budget of store calls; failures 0: one that never opens
 		l.budget = store.NewBudget(l.cfg.timeout)
-		l.brk = &breaker{threshold: cmp.Or(int64(l.cfg.breakerFailures), math.MaxInt64), cooldown: l.cfg.breakerCooldown, onChange: l.breakerChanged}
+		l.brk = &breaker{threshold: cmp.Or(int64(l.cfg.breakerFailures), math.MaxInt64), cooldown: l.cfg.breakerCooldown,
+			fair: l.cfg.timeout / 4, onChange: l.breakerChanged}
 	}
 	if l.cfg.policy.kind == failLocal && !mem { // a Memory store does not fail
 		l.local = store.NewMemory(store.WithSweepInterval(0), store.WithMaxKeys(localMaxKeys))
@@ -252,9 +253,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 }
 
-// gone reports whether ctx was canceled: its client left. A deadline that passed is the store's
-// failure (and a wrapper such as http.TimeoutHandler may still answer the client).
-func gone(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
+// gone reports whether ctx ended or its deadline passed (go-redis ends a call before ctx's timer).
+func gone(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
+}
 
 // NextToken returns RateLimit's t: the time to res's next whole token (0 if full); a window's res.Next.
 func NextToken(res store.Result) time.Duration {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -535,9 +537,11 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 }
 
-// The client goes away (its context canceled) while the store call runs:
-// the store is not to blame, and nobody is there to answer. (A deadline that
-// passes is the store's failure: TestRedisHungShortDeadlines.)
+// The client's deadline, under a quarter of the limiter's budget, ends the
+// call, or the client leaves: the store is not to blame, and nothing is
+// answered. With ContextTimeoutEnabled the go-redis error usually comes back
+// before the context's own timer has marked it done, so several requests are
+// sent. (A longer deadline that passes: TestRedisHungShortDeadlines.)
 func TestClientGoneIsNotAStoreError(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
@@ -554,9 +558,12 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 		h     http.Handler
 		stats func() middleware.Stats
 	}{{"Limiter", l.Handler(okHandler), l.Stats}, {"Multi", multi.Handler(okHandler), multi.Stats}} {
-		for i := range 5 {
-			ctx, cancel := context.WithCancel(context.Background())
-			time.AfterFunc(20*time.Millisecond, cancel) // the client gives up first
+		for i := range 6 {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // the client gives up first
+			if i%2 == 1 {
+				ctx, cancel = context.WithCancel(context.Background())
+				time.AfterFunc(20*time.Millisecond, cancel)
+			}
 			w := httptest.NewRecorder()
 			tc.h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
 			cancel()
@@ -815,5 +822,36 @@ func TestStoreKey(t *testing.T) {
 				t.Errorf("%s: the bucket StoreKey(%q) = %q names holds %d (%v); want 9: the request's", h.Name(), subject, h.StoreKey(subject), r.Remaining, err)
 			}
 		}
+	}
+}
+
+// A refund gives a costly request's tokens back to FailLocalShare's mirror
+// too, at most the share's burst, as its take took: a cost of 20 over a
+// local burst of 10, refunded, leaves the share full for an outage.
+func TestFailLocalShareRefundOverShare(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	l := mustNew(t, store.NewRedis(rdb), store.PerMinute(100), middleware.WithFailurePolicy(middleware.FailLocalShare(10)),
+		middleware.WithKeyFunc(mustKey(keyfuncs.Static("k"))), middleware.WithBreaker(0, time.Second),
+		middleware.WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return n }),
+		middleware.WithRefund(func(*http.Request, int) bool { return true }))
+	h := l.Handler(okHandler)
+	serve := func(cost string) int {
+		w, r := httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Cost", cost)
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := serve("20"); code != 200 {
+		t.Fatalf("cost 20 on a healthy store: %d", code)
+	}
+	mr.Close() // the outage: the local share decides
+	var codes []int
+	for range 5 {
+		codes = append(codes, serve("1"))
+	}
+	if !slices.Equal(codes, []int{200, 200, 200, 200, 200}) {
+		t.Errorf("after a refunded cost of 20, 5 requests of cost 1 in the outage: %v; want 200s (the share full again)", codes)
 	}
 }

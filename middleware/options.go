@@ -56,8 +56,7 @@ func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
 }
 
 // FailLocalShare is [FailLocal] for a limit shared by replicas servers: each allows 1/replicas of the
-// rate and of the burst (at least 1 token) on its own; a request costing more than that burst takes
-// all of it. Below 1, it is an error of [WithFailurePolicy].
+// rate and burst (at least 1 token; a cost above takes all) alone. Below 1: a [WithFailurePolicy] error.
 func FailLocalShare(replicas int) FailurePolicy {
 	return FailurePolicy{kind: failLocal, replicas: replicas,
 		err: failIf(replicas < 1, "FailLocalShare: %d replicas: at least 1", replicas)}
@@ -113,8 +112,7 @@ func failIf(bad bool, format string, args ...any) error {
 // WithName sets the limiter's name, printable ASCII without '{', '}' or ':', which names its buckets
 // and its RateLimit policy (see the package doc). The default, such as "100-per-1m@9c1d02e7", is
 // [DefaultName] and a hash of where [New] was called and how many limiters that place made before:
-// name limiters made in a loop, a helper or per tenant, whose order can differ between replicas,
-// and any whose buckets must outlive an edit that moves the call.
+// name those made in a loop, a helper or per tenant, and any whose buckets must outlive an edit.
 func WithName(name string) Option {
 	return option(checkName("WithName", name), func(c *config) { c.name = name })
 }
@@ -158,9 +156,8 @@ func WithFailurePolicy(p FailurePolicy) Option {
 // [DefaultBreakerCooldown]; failures 0: none): failures consecutive errors or timeouts open it
 // ([BreakerState]) until a probe succeeds, the first 10 ms after it opened, each next one after
 // twice the last wait, up to cooldown; a probe that fails, panics, is abandoned or outlasts a
-// cooldown fails. A request's own deadline passing counts, unless it had passed before the
-// store call; a client that left does not. Transitions go to the [Observer], or
-// [slog.Default].
+// cooldown fails. So does a request's deadline that left the call a quarter of the budget or more
+// (not a client that left). Transitions go to the [Observer], or [slog.Default].
 func WithBreaker(failures int, cooldown time.Duration) Option {
 	return option(cmp.Or(
 		failIf(failures < 0, "WithBreaker: %d failures: must not be negative", failures),
@@ -179,8 +176,7 @@ func WithDelay(max time.Duration) Option {
 // WithDenyCache makes the limiter remember the store's denials of up to maxKeys keys (default 0:
 // off; about 150 bytes each): a key denied at cost c is refused without a store call at cost c or
 // more until the store's Retry-After, then one request probes the store. A bucket reset in the
-// store stays refused here ([Limiter.Forget]). Dry-run mode does not use it; a window quota is an
-// error of [New].
+// store stays refused here ([Limiter.Forget]). Dry-run mode and window quotas do not use it.
 func WithDenyCache(maxKeys int) Option {
 	return option(failIf(maxKeys < 0, "WithDenyCache: %d keys: must not be negative", maxKeys), func(c *config) { c.denyKeys = maxKeys })
 }

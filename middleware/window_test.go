@@ -125,17 +125,22 @@ func TestWindowQuotaLimiter(t *testing.T) {
 		t.Errorf("a quota and a bucket of one rate share the default name %q", a)
 	}
 	for name, opt := range map[string]middleware.Option{
-		"WithDelay":     middleware.WithDelay(time.Second),
-		"WithPenalty":   middleware.WithPenalty(middleware.Penalty{Strikes: 5, Within: time.Minute, Block: 15 * time.Minute}),
-		"WithDenyCache": middleware.WithDenyCache(100), // accepted, it did nothing
+		"WithDelay":   middleware.WithDelay(time.Second),
+		"WithPenalty": middleware.WithPenalty(middleware.Penalty{Strikes: 5, Within: time.Minute, Block: 15 * time.Minute}),
 	} {
-		want := `WithDenyCache: policy "day" is a window quota`
+		want := name + `: policy "day" is a window quota`
 		if _, err := middleware.New(m, store.PerDayIn(5, nil), opt, middleware.WithName("day")); err == nil || !strings.Contains(err.Error(), "token bucket") || !strings.Contains(err.Error(), want) {
 			t.Errorf("New with a daily quota and %s: %v; want an error saying %q, naming token buckets", name, err, want)
 		}
 		if _, err := middleware.NewMulti(m, []middleware.Policy{{Name: "s", Limit: store.PerSecond(10)}, {Name: "day", Limit: store.PerDayIn(5, nil)}}, opt); err == nil {
 			t.Errorf("NewMulti with a daily quota and %s: no error", name)
 		}
+	}
+	// A deny cache serves a plan's token bucket and leaves a quota's alone.
+	tiers := middleware.Tiers{Of: func(*http.Request) string { return "pro" }, Default: "free", Plans: map[string][]middleware.Policy{
+		"free": {{Name: "day", Limit: store.PerDayIn(1000, nil)}}, "pro": {{Name: "s", Limit: store.PerSecond(2)}}}}
+	if _, err := middleware.NewTiered(m, tiers, middleware.WithDenyCache(100)); err != nil {
+		t.Errorf("NewTiered with a quota plan, a bucket plan and WithDenyCache: %v", err)
 	}
 }
 
