@@ -268,51 +268,37 @@ func TestRedisTakeReturnsByDeadline(t *testing.T) {
 // A client that would hold a call past its context's deadline is refused by
 // Validate (so by middleware.New), with an error that says what to set.
 func TestRedisValidateDeadlines(t *testing.T) {
+	const ctxTimeout, off = "ContextTimeoutEnabled", "-2"
 	for _, tc := range []struct {
 		name   string
 		client redis.UniversalClient
-		ok     bool
+		want   string // what the error names; "" for none
 	}{
-		{"client", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), false},
-		{"client with ContextTimeoutEnabled", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), true},
-		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}}), false},
-		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), false},
-		{"cluster with ContextTimeoutEnabled", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), true},
-		{"ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), false},
-		{"universal", redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), true},
+		{"client", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), ctxTimeout},
+		{"client with ContextTimeoutEnabled", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true}), ""},
+		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}}), ctxTimeout},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), ctxTimeout},
+		{"cluster with ContextTimeoutEnabled", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), ""},
+		{"ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), ctxTimeout},
+		{"universal", redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true}), ""},
+		// A timeout of -2 turns go-redis's socket deadlines off, the context's too: a
+		// SIGSTOPped Redis held requests for the whole stall. -1 keeps the context's.
+		{"client read -2", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -2}), off},
+		{"client write -2", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, WriteTimeout: -2}), off},
+		{"client -1", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1}), ""},
+		{"cluster -2", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -2}), off},
+		{"cluster -1", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -1}), ""},
+		{"ring -2", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true, WriteTimeout: -2}), off},
+		{"ring -1", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -1}), ""},
+		{"failover -2", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -2}), off},
 	} {
 		t.Cleanup(func() { tc.client.Close() })
 		err := store.NewRedis(tc.client).Validate()
-		if tc.ok && err != nil {
+		if tc.want == "" && err != nil {
 			t.Errorf("%s: Validate = %v; want nil", tc.name, err)
 		}
-		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled")) {
-			t.Errorf("%s: Validate = %v; want an error naming ContextTimeoutEnabled", tc.name, err)
-		}
-	}
-	// A timeout of -2 turns go-redis's socket deadlines off, the context's too: a
-	// SIGSTOPped Redis held requests for the whole stall. -1 keeps the context's.
-	for _, tc := range []struct {
-		name   string
-		client redis.UniversalClient
-		ok     bool
-	}{
-		{"client read -2", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -2}), false},
-		{"client write -2", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, WriteTimeout: -2}), false},
-		{"client -1", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1}), true},
-		{"cluster -2", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -2}), false},
-		{"cluster -1", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -1}), true},
-		{"ring -2", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true, WriteTimeout: -2}), false},
-		{"ring -1", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -1}), true},
-		{"failover -2", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, ReadTimeout: -2}), false},
-	} {
-		t.Cleanup(func() { tc.client.Close() })
-		err := store.NewRedis(tc.client).Validate()
-		if tc.ok && err != nil {
-			t.Errorf("%s: Validate = %v; want nil", tc.name, err)
-		}
-		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "-2")) {
-			t.Errorf("%s: Validate = %v; want an error naming the timeout of -2", tc.name, err)
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: Validate = %v; want an error naming %s", tc.name, err, tc.want)
 		}
 	}
 	if err := store.NewRedis(redis.NewClient(&redis.Options{ContextTimeoutEnabled: true}), store.WithBatching(-1)).Validate(); err == nil {
