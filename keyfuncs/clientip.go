@@ -181,6 +181,9 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 	case c.header != "" && len(c.trusted) == 0 && !c.unix: // one bucket for all behind a load balancer
 		return nil, invalid("%s reads a header only proxies may write, but no proxy is trusted: add TrustProxies "+
 			"with your proxies' networks (if they cannot be listed: TrustedHops(n), or a FromHeader they all overwrite)", c.source)
+	case c.header == "" && (len(c.trusted) > 0 || c.unix) && who != "ClientIPFromContext": // PeerIP, by accident
+		return nil, invalid("TrustProxies without a source reads no header, so every client behind a trusted proxy " +
+			"would share its bucket: add FromXForwardedFor, FromForwarded, FromHeader or TrustedHops")
 	case walks && slices.ContainsFunc(c.trusted, func(p netip.Prefix) bool { return p.Bits() == 0 }):
 		return nil, invalid("%s with a trusted network of every address (/0): the walk would end at "+
 			"the leftmost element, which the client writes; list your proxies' networks, or use TrustedHops(n)", c.source)
@@ -191,9 +194,9 @@ func newIPConfig(who string, opts []IPOption) (*ipConfig, error) {
 // ClientIP returns a KeyFunc that keys a request as [PeerIP] does, by the TCP
 // peer or, if it is in [TrustProxies], by the address that its one source
 // ([FromXForwardedFor], [FromForwarded], [FromHeader], [TrustedHops]) names,
-// or else the peer; a source without TrustProxies is invalid. It reuses what
-// a [ClientIPMiddleware] of the same options stored, and records the address
-// in the request's [WithAddressSlot].
+// or else the peer; a source without TrustProxies, or the reverse, is
+// invalid. It reuses what a [ClientIPMiddleware] of the same options stored,
+// and records the address in the request's [WithAddressSlot].
 func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	c, err := newIPConfig("ClientIP", opts)
 	if err != nil {
@@ -257,7 +260,7 @@ func ClientIPFromContext(fn func(ctx context.Context) string, opts ...IPOption) 
 	if err != nil {
 		return nil, err
 	}
-	if len(c.trusted) > 0 || c.source != "" { // MaxForwarded needs a source
+	if len(c.trusted) > 0 || c.unix || c.source != "" { // MaxForwarded needs a source
 		return nil, invalid("ClientIPFromContext takes only IPv4Prefix and IPv6Prefix: the function decides whom to trust")
 	}
 	return func(r *http.Request) (string, error) {
