@@ -115,7 +115,7 @@ func ExamplePattern() {
 	limit(mux).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/items/7", nil))
 	// Output:
 	// key "route:GET /items/{id}", error <nil>
-	// key "", error keyfuncs: no key: no ServeMux pattern (Request.Pattern is empty)
+	// key "", error keyfuncs: invalid configuration: no key: no ServeMux pattern (Request.Pattern is empty): wrap a handler registered in the mux, not the mux
 	// key "route:GET /items/{id}", error <nil>
 }
 
@@ -145,7 +145,7 @@ func ExampleJoin() {
 	fmt.Println(err)
 	// Output:
 	// user:42|route:POST /orders
-	// keyfuncs: Join part 1: keyfuncs: no key: no ServeMux pattern (Request.Pattern is empty)
+	// keyfuncs: Join part 1: keyfuncs: invalid configuration: no key: no ServeMux pattern (Request.Pattern is empty): wrap a handler registered in the mux, not the mux
 }
 
 func ExampleClientIP() {

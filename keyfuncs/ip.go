@@ -196,6 +196,7 @@ func clip(s string) string {
 	return s
 }
 
+// errNotAnAddr is the server's fault (a Unix socket, say), not the client's.
 func errNotAnAddr(remoteAddr string) error {
-	return fmt.Errorf("keyfuncs: %w: RemoteAddr %q is not an IP address", ErrNoKey, clip(remoteAddr))
+	return fmt.Errorf("keyfuncs: %w: %w: RemoteAddr %q is not an IP address", ErrInvalidConfig, ErrNoKey, clip(remoteAddr))
 }

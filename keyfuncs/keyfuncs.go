@@ -165,7 +165,8 @@ func Pattern(r *http.Request) (string, error) {
 	return subjectKey("route:", r.Pattern, errNoPattern)
 }
 
-var errNoPattern = fmt.Errorf("keyfuncs: %w: no ServeMux pattern (Request.Pattern is empty)", ErrNoKey)
+var errNoPattern = fmt.Errorf("keyfuncs: %w: %w: no ServeMux pattern (Request.Pattern is empty): "+
+	"wrap a handler registered in the mux, not the mux", ErrInvalidConfig, ErrNoKey)
 
 // Route keys a request by the route pattern fn reads, for other routers, as
 // [Pattern] does. With chi, fn returns

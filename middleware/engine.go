@@ -181,11 +181,16 @@ func (l *Limiter) pass(w http.ResponseWriter, r *http.Request, next http.Handler
 	next.ServeHTTP(w, r)
 }
 
-// fallBack applies the failure policy to err: true if q was decided locally, false if answered or gone.
+// fallBack applies the failure policy to err: true if q was decided locally, false if answered.
 func (l *Limiter) fallBack(w http.ResponseWriter, r *http.Request, next http.Handler, q *request, err error) bool {
 	c := &l.cfg
-	if gone(r.Context()) {
-		return false // nobody to answer, and not the store's fault
+	if gone(r.Context()) { // not the store's fault: a client that left reads nothing, a deadline set here a 503
+		if c.dryRun {
+			next.ServeHTTP(w, r)
+		} else {
+			writeRefusal(w, http.StatusServiceUnavailable, true, textPlain, goneBody)
+		}
+		return false
 	}
 	l.storeErrors.Add(1)
 	err = fmt.Errorf("middleware: %s: %w", c.name, err)

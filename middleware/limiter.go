@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"net/http"
 	"runtime"
@@ -42,6 +43,7 @@ type Limiter struct {
 	localSwept atomic.Int64  // when the local store was last swept (monotonicNow)
 	deny       *denyCache    // nil: no deny cache
 	configOnce sync.Once     // logs the first store error that is a configuration error
+	keyOnce    sync.Once     // and the first key error that is
 
 	keyErrors   atomic.Int64
 	storeErrors atomic.Int64
@@ -281,6 +283,8 @@ const textPlain = "text/plain; charset=utf-8"
 // deniedBody is the default body of a refusal, shared by every response.
 var deniedBody = []byte("429 Too Many Requests: rate limit exceeded, see Retry-After\n")
 
+var goneBody = []byte("503 Service Unavailable: the request's deadline passed before the rate limiter decided\n")
+
 // writeRefusal writes a refusal (no-store if noStore) of type ctype, its fields in one allocation.
 func writeRefusal(w http.ResponseWriter, status int, noStore bool, ctype string, body []byte) {
 	h := w.Header()
@@ -311,6 +315,7 @@ func (l *Limiter) refuseUnrated(w http.ResponseWriter, r *http.Request, next htt
 	case l.cfg.keyError != nil:
 		l.cfg.keyError(w, r, err)
 	case errors.Is(err, keyfuncs.ErrInvalidConfig): // the server's fault, not the client's
+		l.keyOnce.Do(func() { slog.Error("tollgate: the key function is misconfigured", "limiter", l.cfg.name, "error", err) })
 		writeRefusal(w, http.StatusInternalServerError, false, textPlain, []byte("500 Internal Server Error: rate limiter misconfigured\n"))
 	default:
 		writeRefusal(w, http.StatusBadRequest, false, textPlain, []byte("400 Bad Request: the rate limiter cannot rate this request\n"))

@@ -1,15 +1,18 @@
 package middleware_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -216,6 +219,38 @@ type countingStore struct {
 func (c *countingStore) Take(ctx context.Context, key string, lim store.Limit, cost int) (store.Result, error) {
 	c.n.Add(1)
 	return c.Store.Take(ctx, key, lim, cost)
+}
+
+// A key the server's setup makes unreadable (Pattern on a limiter around the mux, PeerIP on a
+// Unix socket) is a 500, logged once, not a 400 that blames every client.
+func TestKeyMisconfigurationIs500(t *testing.T) {
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&lockedWriter{w: &logged, mu: &logMu}, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	m := store.NewMemory()
+	defer m.Close()
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", okHandler)
+	pattern := mustNew(t, m, store.PerMinute(20), middleware.WithKeyFunc(keyfuncs.Pattern)).Handler(mux)
+	peer := mustNew(t, m, store.PerMinute(20)).Handler(okHandler)
+	for i := range 4 {
+		h, r := pattern, httptest.NewRequest("GET", "/items/1", nil)
+		if i%2 == 1 {
+			h, r.RemoteAddr = peer, "@" // a Unix socket's peer
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusInternalServerError {
+			t.Errorf("request %d: status %d %q; want 500", i, w.Code, w.Body.String())
+		}
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if n := strings.Count(logged.String(), "key function is misconfigured"); n != 2 {
+		t.Errorf("logged %d times, want once per limiter: %s", n, logged.String())
+	}
 }
 
 func TestKeyErrorIsNeverShared(t *testing.T) {
@@ -545,31 +580,36 @@ func TestNoGoroutineLeak(t *testing.T) {
 func TestClientGoneIsNotAStoreError(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.HangingAddr(t), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
-	var hooked atomic.Int64
-	opts := []middleware.Option{middleware.WithFailurePolicy(middleware.FailClosed),
-		on(middleware.EventError, func(middleware.Event) { hooked.Add(1) })}
-	l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), opts...)
-	multi, err := middleware.NewMulti(store.NewRedis(rdb), []middleware.Policy{{Name: "p", Limit: store.PerSecond(10)}}, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name  string
-		h     http.Handler
-		stats func() middleware.Stats
-	}{{"Limiter", l.Handler(okHandler), l.Stats}, {"Multi", multi.Handler(okHandler), multi.Stats}} {
-		for i := range 6 {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // the client gives up first
-			if i%2 == 1 {
-				ctx, cancel = context.WithCancel(context.Background())
-				time.AfterFunc(20*time.Millisecond, cancel)
-			}
-			w := httptest.NewRecorder()
-			tc.h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
-			cancel()
-			if tc.stats().StoreErrors != 0 || hooked.Load() != 0 || w.Code != http.StatusOK || w.Body.Len() != 0 {
-				t.Fatalf("%s, request %d, client gone: StoreErrors %d, hook %d, response %d %q; want nothing counted or written",
-					tc.name, i, tc.stats().StoreErrors, hooked.Load(), w.Code, w.Body.String())
+	var hooked, served atomic.Int64
+	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) })
+	for _, policy := range []middleware.FailurePolicy{middleware.FailOpen, middleware.FailClosed, middleware.FailLocal} {
+		opts := []middleware.Option{middleware.WithFailurePolicy(policy),
+			on(middleware.EventError, func(middleware.Event) { hooked.Add(1) })}
+		l := mustNew(t, store.NewRedis(rdb), store.PerSecond(10), opts...)
+		multi, err := middleware.NewMulti(store.NewRedis(rdb), []middleware.Policy{{Name: "p", Limit: store.PerSecond(10)}}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name  string
+			h     http.Handler
+			stats func() middleware.Stats
+		}{{"Limiter", l.Handler(h), l.Stats}, {"Multi", multi.Handler(h), multi.Stats}} {
+			for i := range 4 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // a deadline the app set
+				if i%2 == 1 {                                                                 // or a client that gives up
+					ctx, cancel = context.WithCancel(context.Background())
+					time.AfterFunc(20*time.Millisecond, cancel)
+				}
+				w := httptest.NewRecorder()
+				tc.h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+				cancel()
+				if tc.stats().StoreErrors != 0 || hooked.Load() != 0 || served.Load() != 0 ||
+					w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "deadline passed") {
+					t.Fatalf("%v, %s, request %d: StoreErrors %d, hook %d, served %d, response %d %q; want nothing counted, "+
+						"not served, and a 503 (not an empty 200, which a client whose app deadline passed reads as success)",
+						policy, tc.name, i, tc.stats().StoreErrors, hooked.Load(), served.Load(), w.Code, w.Body.String())
+				}
 			}
 		}
 	}

@@ -147,7 +147,8 @@ func WithTimeout(d time.Duration) Option {
 	return option(failIf(d <= 0, "WithTimeout: %v: the budget must be positive", d), func(c *config) { c.timeout = d })
 }
 
-// WithFailurePolicy sets the [FailurePolicy] of requests the store cannot decide (default [FailLocal]).
+// WithFailurePolicy sets the [FailurePolicy] of requests the store cannot decide (default [FailLocal]);
+// one whose own context ends first (a deadline the app set) is refused with 503 whatever the policy.
 func WithFailurePolicy(p FailurePolicy) Option {
 	return option(failIf(p.err != nil, "WithFailurePolicy: %w", p.err), func(c *config) { c.policy = p })
 }
