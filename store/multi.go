@@ -32,9 +32,9 @@ type MultiStore interface {
 type Refunder interface {
 	// Refund gives tokens (0 to Burst) back to key's bucket, never above
 	// full, and returns it as it then stands (Allowed true). A window
-	// quota's count goes back in the current window (on Redis, a calendar
-	// window's if both clocks agree on it): give back only what a Take of
-	// that window counted.
+	// quota's count goes back in the current window (on Redis, if both
+	// clocks agree on it: a refund arriving late frees nothing of the next):
+	// give back only what a Take of that window counted.
 	Refund(ctx context.Context, key string, limit Limit, tokens int) (Result, error)
 }
 

@@ -414,7 +414,7 @@ func (r *Redis) group(ctx context.Context, reqs []Request, ps []params, g []int,
 		switch b := ps[i].b; {
 		case ps[i].spec == "":
 			c.args = append(c.args, k, ps[i].args[0], ps[i].args[1])
-		case b == [4]int64{} && ps[i].loc == nil: // found on Redis's clock
+		case b == [4]int64{} && ps[i].loc == nil && sign > 0: // found on Redis's clock; a refund's, the caller's
 			c.args = append(c.args, k, ps[i].args[0], ps[i].epoch[0], ps[i].epoch[1])
 		default:
 			if b == [4]int64{} { // unless pinned to a take's window (giveBack)

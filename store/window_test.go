@@ -130,3 +130,31 @@ func TestWindowStateFarAhead(t *testing.T) {
 		}
 	}
 }
+
+// A refund of a window quota from the epoch counts back only in the window its caller read:
+// arriving after a boundary of Redis's clock (a slow network, a stall), it frees nothing of the
+// next window (it took 1 off the next window's count: 4 served of a quota of 3).
+func TestWindowRefundArrivingLate(t *testing.T) {
+	mr, client, _ := newMiniredisClock(t)
+	w1 := epoch.Truncate(time.Second).Add(500 * time.Millisecond)
+	for _, lim := range []store.Limit{store.FixedWindow(3, time.Second), store.SlidingWindow(3, time.Second)} {
+		s := store.NewRedis(client, store.WithWindowClock(func() time.Time { return w1 })) // the app, still in W1
+		key := "late:" + lim.Window.String()
+		mr.SetTime(w1)
+		take := func(want bool) {
+			t.Helper()
+			if res, err := s.Take(context.Background(), key, lim, 1); err != nil || res.Allowed != want {
+				t.Fatalf("%v: %+v, %v; want Allowed %v", lim, res, err, want)
+			}
+		}
+		take(true)                          // counted in W1
+		mr.SetTime(w1.Add(2 * time.Second)) // W3 on Redis, past any sliding weight of W1
+		take(true)
+		take(true)
+		take(true)
+		if _, err := s.Refund(context.Background(), key, lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		take(false)
+	}
+}
