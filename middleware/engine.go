@@ -324,11 +324,16 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 		reqs := make([]store.Request, len(pols))
 		for i := range reqs {
 			reqs[i] = store.Request{Key: string(q.keyOf(i)), Limit: pols[i].limit, Cost: q.cost, MaxDelay: delay}
-			if local { // a cost over a share's burst takes all of it
-				reqs[i].Limit, reqs[i].Cost = pols[i].local, min(q.cost, pols[i].local.Burst)
+			if local {
+				reqs[i].Limit, reqs[i].Cost = pols[i].share(q.cost, mirror)
 			}
 		}
 		res, err := s.(store.MultiStore).TakeAll(ctx, reqs)
+		if local {
+			for i := range res {
+				res[i].Limit = pols[i].local // the share, not a burst widened for a cost
+			}
+		}
 		if !mirror {
 			q.res = res
 		}
@@ -336,7 +341,7 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 	}
 	key, lim, cost := q.keyOf(0), pols[0].limit, q.cost
 	if local {
-		lim, cost = pols[0].local, min(cost, pols[0].local.Burst)
+		lim, cost = pols[0].share(cost, mirror)
 	}
 	var res store.Result
 	var err error
@@ -348,10 +353,24 @@ func (l *Limiter) take(ctx context.Context, q *request, local, mirror bool) erro
 	default: // a copy: Redis hands its key to a client that can outlive the call
 		res, err = s.Take(ctx, string(key), lim, cost)
 	}
+	if local {
+		res.Limit = pols[0].local
+	}
 	if !mirror {
 		q.res = append(q.res[:0], res)
 	}
 	return err
+}
+
+// share returns the local share and cost of a request of cost under pol: a cost over a bucket's
+// burst is taken whole from a full one (its debt then carries all of it, at the share's rate); a
+// mirror takes what there is, and a window quota's share all of its count (once per window).
+func (pol *policy) share(cost int, mirror bool) (store.Limit, int) {
+	if s := pol.local; cost > s.Burst && s.Window == nil && !mirror {
+		s.Burst = cost
+		return s, cost
+	}
+	return pol.local, min(cost, pol.local.Burst)
 }
 
 // wait holds an allowed request until its tokens are due (WithDelay), else gives them back: refused
@@ -537,7 +556,8 @@ func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) 
 			share := max(1, limit.Rate/n)
 			pol.local = store.Limit{Rate: share, Period: limit.Period, Burst: share, Window: limit.Window}
 		}
-		if err := pol.local.ValidateDelay(c.delay); err != nil {
+		widest, _ := pol.share(limit.Burst, false) // of a cost of Burst
+		if err := cmp.Or(pol.local.ValidateDelay(c.delay), widest.Validate()); err != nil {
 			return policy{}, fmt.Errorf("middleware: FailLocalShare(%d): %w", n, err)
 		}
 	}
@@ -547,8 +567,20 @@ func (l *Limiter) newPolicy(tier string, p Policy, tagged bool) (policy, error) 
 // serveWatched serves the request, then refunds it or counts a strike as WithRefund and Failed say.
 func (l *Limiter) serveWatched(w http.ResponseWriter, r *http.Request, next http.Handler, q *request) {
 	sw := &statusWriter{ResponseWriter: w}
+	defer func() { // after a panic too, as the 500 a Recoverer writes; the panic goes on
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				l.settle(r, q, cmp.Or(sw.status, http.StatusInternalServerError))
+			}
+			panic(v)
+		}
+	}()
 	next.ServeHTTP(sw, r)
-	code := cmp.Or(sw.status, http.StatusOK)
+	l.settle(r, q, cmp.Or(sw.status, http.StatusOK))
+}
+
+// settle gives back or strikes q by the status code of its response.
+func (l *Limiter) settle(r *http.Request, q *request, code int) {
 	refund := q.refunds(&l.cfg) && l.cfg.refund(r, code)
 	p := l.cfg.penalty
 	strike := p != nil && p.Failed != nil && !l.cfg.dryRun && !q.failed && p.Failed(r, code)

@@ -56,7 +56,8 @@ func FailClosedWith(status int, retryAfter time.Duration) FailurePolicy {
 }
 
 // FailLocalShare is [FailLocal] for a limit shared by replicas servers: each allows 1/replicas of the
-// rate and burst (at least 1 token; a cost above takes all) alone. Below 1: a [WithFailurePolicy] error.
+// rate and burst (at least 1 token; a cost above is taken from a full bucket, then repaid at the rate;
+// over a window quota's share it takes all, once a window) alone. Below 1: a [WithFailurePolicy] error.
 func FailLocalShare(replicas int) FailurePolicy {
 	return FailurePolicy{kind: failLocal, replicas: replicas,
 		err: failIf(replicas < 1, "FailLocalShare: %d replicas: at least 1", replicas)}

@@ -408,3 +408,32 @@ func TestPenaltyLeavesGlobalPolicies(t *testing.T) {
 		}
 	})
 }
+
+// A handler that panics is settled as the 500 a Recoverer before the limiter writes (WithRefund
+// of 5xx gives its tokens back), and the panic goes on; one aborted with http.ErrAbortHandler,
+// which answers nothing, is not.
+func TestRefundAfterPanic(t *testing.T) {
+	m := store.NewMemory()
+	defer m.Close()
+	lim := store.Limit{Rate: 1, Period: time.Minute, Burst: 3}
+	l := mustNew(t, m, lim, middleware.WithKeyFunc(mustKey(keyfuncs.Static("k"))),
+		middleware.WithRefund(func(r *http.Request, status int) bool { return status >= 500 }))
+	for _, tc := range []struct {
+		panic any
+		left  int
+	}{{"bug", 3}, {http.ErrAbortHandler, 2}} {
+		h := l.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(tc.panic) }))
+		func() {
+			defer func() {
+				if v := recover(); v != tc.panic {
+					t.Errorf("recovered %v; want the handler's panic %v", v, tc.panic)
+				}
+			}()
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+		}()
+		res, err := store.Inspect(context.Background(), m, l.StoreKey("k"), lim, 0)
+		if err != nil || res.Remaining != tc.left {
+			t.Errorf("after a panic %v: %d left, %v; want %d", tc.panic, res.Remaining, err, tc.left)
+		}
+	}
+}
